@@ -1,0 +1,107 @@
+/* Core utilities: overflow-checked sizes, buffers, hash maps, f16/bf16 conversions, mmap. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/buf.h"
+#include "core/f16.h"
+#include "core/hashmap.h"
+#include "core/mmap.h"
+#include "core/status.h"
+#include "test.h"
+
+static void test_overflow(void)
+{
+    uint64_t r;
+    CHECK(cllm_mul_u64(1ULL << 32, 1ULL << 31, &r) && r == 1ULL << 63);
+    CHECK(!cllm_mul_u64(1ULL << 32, 1ULL << 32, &r));
+    CHECK(!cllm_add_u64(UINT64_MAX, 1, &r));
+    CHECK(cllm_malloc_array(SIZE_MAX / 2, 3) == NULL);
+    CHECK(cllm_calloc_array(SIZE_MAX / 2, 3) == NULL);
+}
+
+static void test_buf(void)
+{
+    struct cllm_buf b = {0};
+    for (int i = 0; i < 1000; i++)
+        CHECK(cllm_buf_appendf(&b, "%d,", i) == CLLM_OK);
+    CHECK(strncmp(b.data, "0,1,2,", 6) == 0);
+    CHECK(b.data[b.len] == '\0');
+    cllm_buf_free(&b);
+    struct cllm_ids ids = {0};
+    for (int32_t i = 0; i < 100000; i++)
+        cllm_ids_push(&ids, i);
+    CHECK(ids.n == 100000 && ids.v[99999] == 99999);
+    cllm_ids_free(&ids);
+}
+
+static void test_maps(void)
+{
+    struct cllm_strmap m = {0};
+    static char keys[5000][16];
+    for (int i = 0; i < 5000; i++) {
+        snprintf(keys[i], sizeof keys[i], "k%d", i);
+        CHECK(cllm_strmap_put(&m, keys[i], strlen(keys[i]), (uint64_t)i * 7) == CLLM_OK);
+    }
+    uint64_t v = 0;
+    CHECK(cllm_strmap_get(&m, "k4321", 5, &v) && v == 4321 * 7);
+    CHECK(!cllm_strmap_get(&m, "k5000", 5, &v));
+    CHECK(cllm_strmap_put(&m, "", 0, 42) == CLLM_OK);
+    CHECK(cllm_strmap_get(&m, "", 0, &v) && v == 42);
+    CHECK(m.len == 5001);
+    cllm_strmap_free(&m);
+
+    struct cllm_u64map u = {0};
+    for (uint64_t i = 0; i < 20000; i++)
+        cllm_u64map_put(&u, i << 32 | (i * 3), i);
+    CHECK(cllm_u64map_get(&u, 777ULL << 32 | 2331, &v) && v == 777);
+    CHECK(!cllm_u64map_get(&u, 777ULL << 32 | 2332, &v));
+    cllm_u64map_free(&u);
+}
+
+static void test_half(void)
+{
+    /* Exhaustive: every finite half widens and narrows back to itself. */
+    int bad = 0;
+    for (uint32_t h = 0; h < 0x10000; h++) {
+        float f = cllm_f16_to_f32((uint16_t)h);
+        if (isnan(f))
+            continue;
+        if (cllm_f32_to_f16(f) != h)
+            bad++;
+    }
+    CHECK(bad == 0);
+    CHECK(cllm_f16_to_f32(0x3c00) == 1.0f);
+    CHECK(cllm_f16_to_f32(0x0001) == 5.9604645e-8f);
+    CHECK(cllm_f32_to_f16(65520.0f) == 0x7c00);
+    CHECK(cllm_f32_to_f16(65519.0f) == 0x7bff);
+    CHECK(cllm_f32_to_f16(1.0f + 1.0f / 2048) == 0x3c00);   /* tie rounds to even */
+    CHECK(cllm_f32_to_f16(1.0f + 3.0f / 2048) == 0x3c02);   /* tie rounds to even (up) */
+    CHECK(cllm_bf16_to_f32(0x3f80) == 1.0f);
+    CHECK(cllm_f32_to_bf16(1.0f + 1.0f / 256) == 0x3f80);   /* tie to even */
+    CHECK(cllm_f32_to_bf16(1.0f + 3.0f / 256) == 0x3f82);
+    CHECK(isnan(cllm_bf16_to_f32(cllm_f32_to_bf16(NAN))));
+}
+
+static void test_mmap_errors(void)
+{
+    char err[256] = "";
+    struct cllm_mmap m;
+    CHECK(cllm_mmap_open(&m, "/nonexistent/file", err, sizeof err) == CLLM_ERR_IO);
+    CHECK(strstr(err, "/nonexistent/file") != NULL);
+    CHECK(cllm_mmap_open(&m, "/tmp", err, sizeof err) == CLLM_ERR_IO);
+    char *data;
+    size_t len;
+    CHECK(cllm_read_file("/proc/self/exe", 10, &data, &len, err, sizeof err) == CLLM_ERR_RANGE);
+}
+
+int main(void)
+{
+    test_overflow();
+    test_buf();
+    test_maps();
+    test_half();
+    test_mmap_errors();
+    return test_summary();
+}
