@@ -46,9 +46,8 @@ uint64_t cllm_hash_bytes(const void *data, size_t n)
     return mix64(h ^ n);
 }
 
-static enum cllm_status strmap_grow(struct cllm_strmap *m)
+static enum cllm_status strmap_resize(struct cllm_strmap *m, size_t cap)
 {
-    size_t cap = m->cap ? m->cap * 2 : 64;
     struct cllm_strmap_slot *slots = cllm_calloc_array(cap, sizeof *slots);
     if (!slots)
         return CLLM_ERR_NOMEM;
@@ -67,10 +66,25 @@ static enum cllm_status strmap_grow(struct cllm_strmap *m)
     return CLLM_OK;
 }
 
+/* The power-of-two capacity that keeps n entries at most half full. */
+static size_t cap_for(size_t n)
+{
+    size_t cap = 64;
+    while (cap / 2 < n && cap < SIZE_MAX / 4)
+        cap *= 2;
+    return cap;
+}
+
+enum cllm_status cllm_strmap_reserve(struct cllm_strmap *m, size_t n)
+{
+    size_t cap = cap_for(m->len > n ? m->len : n);
+    return cap > m->cap ? strmap_resize(m, cap) : CLLM_OK;
+}
+
 enum cllm_status cllm_strmap_put(struct cllm_strmap *m, const char *key, size_t n, uint64_t value)
 {
     if ((m->len + 1) * 2 > m->cap) {
-        enum cllm_status st = strmap_grow(m);
+        enum cllm_status st = strmap_resize(m, m->cap ? m->cap * 2 : 64);
         if (st)
             return st;
     }
@@ -114,9 +128,8 @@ void cllm_strmap_free(struct cllm_strmap *m)
     m->cap = m->len = 0;
 }
 
-static enum cllm_status u64map_grow(struct cllm_u64map *m)
+static enum cllm_status u64map_resize(struct cllm_u64map *m, size_t cap)
 {
-    size_t cap = m->cap ? m->cap * 2 : 64;
     struct cllm_u64map_slot *slots = cllm_calloc_array(cap, sizeof *slots);
     if (!slots)
         return CLLM_ERR_NOMEM;
@@ -134,10 +147,16 @@ static enum cllm_status u64map_grow(struct cllm_u64map *m)
     return CLLM_OK;
 }
 
+enum cllm_status cllm_u64map_reserve(struct cllm_u64map *m, size_t n)
+{
+    size_t cap = cap_for(m->len > n ? m->len : n);
+    return cap > m->cap ? u64map_resize(m, cap) : CLLM_OK;
+}
+
 enum cllm_status cllm_u64map_put(struct cllm_u64map *m, uint64_t key, uint64_t value)
 {
     if ((m->len + 1) * 2 > m->cap) {
-        enum cllm_status st = u64map_grow(m);
+        enum cllm_status st = u64map_resize(m, m->cap ? m->cap * 2 : 64);
         if (st)
             return st;
     }

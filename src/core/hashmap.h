@@ -19,6 +19,8 @@ struct cllm_strmap {
     size_t len;                     /* occupied slots */
 };
 
+/* Sizes the table for n entries up front, so loading a known number of keys never rehashes. */
+enum cllm_status cllm_strmap_reserve(struct cllm_strmap *m, size_t n);
 /* Inserts or overwrites key[0..n) -> value. The key bytes are borrowed, not copied. */
 enum cllm_status cllm_strmap_put(struct cllm_strmap *m, const char *key, size_t n, uint64_t value);
 /* True and *value filled if key[0..n) is present. */
@@ -31,6 +33,7 @@ struct cllm_u64map {
     size_t len;                     /* occupied slots */
 };
 
+enum cllm_status cllm_u64map_reserve(struct cllm_u64map *m, size_t n);
 enum cllm_status cllm_u64map_put(struct cllm_u64map *m, uint64_t key, uint64_t value);
 bool cllm_u64map_get(const struct cllm_u64map *m, uint64_t key, uint64_t *value);
 void cllm_u64map_free(struct cllm_u64map *m);

@@ -21,7 +21,7 @@
 
 /* The smallest encodings, so that a count can be rejected before anything is allocated. */
 #define MIN_KV_BYTES 13     /* key length u64 + value type u32 + a one-byte value */
-#define MIN_TENSOR_BYTES 32 /* name length u64 + n_dims u32 + one ne u64 + type u32 + offset u64 */
+#define MIN_TENSOR_BYTES 32 /* name length u64 + n_dims u32 + ne u64 + type u32 + offset u64 */
 #define MIN_ARRAY_BYTES 12  /* element type u32 + count u64 */
 #define SHOW_MAX 64         /* bytes of a file-supplied name quoted in an error message */
 
@@ -59,24 +59,29 @@ static uint32_t fixed_size(enum cllm_gguf_type t)
     switch (t) {
     case CLLM_GGUF_TYPE_U8:
     case CLLM_GGUF_TYPE_I8:
-    case CLLM_GGUF_TYPE_BOOL: return 1;
+    case CLLM_GGUF_TYPE_BOOL:
+        return 1;
     case CLLM_GGUF_TYPE_U16:
-    case CLLM_GGUF_TYPE_I16: return 2;
+    case CLLM_GGUF_TYPE_I16:
+        return 2;
     case CLLM_GGUF_TYPE_U32:
     case CLLM_GGUF_TYPE_I32:
-    case CLLM_GGUF_TYPE_F32: return 4;
+    case CLLM_GGUF_TYPE_F32:
+        return 4;
     case CLLM_GGUF_TYPE_U64:
     case CLLM_GGUF_TYPE_I64:
-    case CLLM_GGUF_TYPE_F64: return 8;
-    default: return 0;
+    case CLLM_GGUF_TYPE_F64:
+        return 8;
+    default:
+        return 0;
     }
 }
 
 const char *cllm_gguf_type_name(enum cllm_gguf_type t)
 {
     static const char *const names[CLLM_GGUF_TYPE_COUNT] = {
-        "u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array", "u64", "i64",
-        "f64",
+        "u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
+        "bool", "string", "array", "u64", "i64", "f64",
     };
     return (unsigned)t < CLLM_GGUF_TYPE_COUNT ? names[t] : "?";
 }
@@ -151,48 +156,41 @@ static enum cllm_status read_str(struct cursor *c, const char *what, struct cllm
     return CLLM_OK;
 }
 
-/* Decodes a fixed-size value from possibly unaligned bytes. */
+/* Decodes a fixed-size value from possibly unaligned bytes: the little-endian bytes land in
+ * the low end of raw, and the narrowing casts reinterpret them at the value's width. */
 static void decode_fixed(enum cllm_gguf_type t, const uint8_t *p, struct cllm_gguf_value *out)
 {
+    uint64_t raw = 0;
+    memcpy(&raw, p, fixed_size(t));
     out->type = t;
     switch (t) {
-    case CLLM_GGUF_TYPE_U8: out->u = p[0]; break;
-    case CLLM_GGUF_TYPE_I8: out->i = (int8_t)p[0]; break;
-    case CLLM_GGUF_TYPE_BOOL: out->b = p[0] != 0; break;
-    case CLLM_GGUF_TYPE_U16: {
-        uint16_t v;
-        memcpy(&v, p, 2);
-        out->u = v;
+    case CLLM_GGUF_TYPE_I8:
+        out->i = (int8_t)raw;
         break;
-    }
-    case CLLM_GGUF_TYPE_I16: {
-        int16_t v;
-        memcpy(&v, p, 2);
-        out->i = v;
+    case CLLM_GGUF_TYPE_I16:
+        out->i = (int16_t)raw;
         break;
-    }
-    case CLLM_GGUF_TYPE_U32: {
-        uint32_t v;
-        memcpy(&v, p, 4);
-        out->u = v;
+    case CLLM_GGUF_TYPE_I32:
+        out->i = (int32_t)raw;
         break;
-    }
-    case CLLM_GGUF_TYPE_I32: {
-        int32_t v;
-        memcpy(&v, p, 4);
-        out->i = v;
+    case CLLM_GGUF_TYPE_I64:
+        out->i = (int64_t)raw;
         break;
-    }
+    case CLLM_GGUF_TYPE_BOOL:
+        out->b = raw != 0;
+        break;
     case CLLM_GGUF_TYPE_F32: {
-        float v;
-        memcpy(&v, p, 4);
-        out->f = v;
+        float f;
+        memcpy(&f, p, 4);
+        out->f = f;
         break;
     }
-    case CLLM_GGUF_TYPE_U64: memcpy(&out->u, p, 8); break;
-    case CLLM_GGUF_TYPE_I64: memcpy(&out->i, p, 8); break;
-    case CLLM_GGUF_TYPE_F64: memcpy(&out->f, p, 8); break;
-    default: break;
+    case CLLM_GGUF_TYPE_F64:
+        memcpy(&out->f, p, 8);
+        break;
+    default: /* unsigned */
+        out->u = raw;
+        break;
     }
 }
 
@@ -279,8 +277,9 @@ static enum cllm_status parse_kv(struct cllm_gguf *g, struct cursor *c, uint64_t
     if (st)
         return st;
     if (key.len == 0)
-        return cllm_fail(c->err, c->err_len, CLLM_ERR_FORMAT, "%s: metadata entry %llu has an "
-                         "empty key", c->path, (unsigned long long)i);
+        return cllm_fail(c->err, c->err_len, CLLM_ERR_FORMAT,
+                         "%s: metadata entry %llu has an empty key", c->path,
+                         (unsigned long long)i);
     if (memchr(key.ptr, '\0', key.len))
         return cllm_fail(c->err, c->err_len, CLLM_ERR_FORMAT, "%s: key '%s' contains a NUL byte",
                          c->path, show(key.ptr, key.len, shown));
@@ -314,8 +313,8 @@ static enum cllm_status read_alignment(struct cllm_gguf *g, char *err, size_t er
     uint64_t a;
     if (!cllm_gguf_value_u64(v, &a))
         return cllm_fail(err, err_len, CLLM_ERR_FORMAT,
-                         "%s: general.alignment has type %s, expected an unsigned integer",
-                         g->path, cllm_gguf_type_name(v->type));
+                         "%s: general.alignment has type %s, expected an unsigned integer", g->path,
+                         cllm_gguf_type_name(v->type));
     if (a == 0 || (a & (a - 1)) || a > UINT32_MAX)
         return cllm_fail(err, err_len, CLLM_ERR_FORMAT,
                          "%s: general.alignment %llu is not a non-zero power of two below 2^32",
@@ -390,8 +389,8 @@ static enum cllm_status parse_tensor_info(struct cllm_gguf *g, struct cursor *c,
     uint64_t row;
     if (!cllm_dtype_row_bytes(t->dtype, t->ne[0], &row) ||
         !cllm_mul_u64(row, nelem / (uint64_t)t->ne[0], &t->nbytes))
-        return cllm_fail(c->err, c->err_len, CLLM_ERR_FORMAT,
-                         "%s: tensor '%s' byte size overflows", c->path, nm);
+        return cllm_fail(c->err, c->err_len, CLLM_ERR_FORMAT, "%s: tensor '%s' byte size overflows",
+                         c->path, nm);
     return CLLM_OK;
 }
 
@@ -491,8 +490,7 @@ static enum cllm_status parse(struct cllm_gguf *g, char *err, size_t err_len)
     return place_tensors(g, c.pos, err, err_len);
 }
 
-enum cllm_status cllm_gguf_open(struct cllm_gguf **out, const char *path, char *err,
-                                size_t err_len)
+enum cllm_status cllm_gguf_open(struct cllm_gguf **out, const char *path, char *err, size_t err_len)
 {
     *out = NULL;
     if (!path)
@@ -782,11 +780,10 @@ enum cllm_status cllm_gguf_get_str_array(const struct cllm_gguf *g, const char *
     if (!v)
         return cllm_fail(err, err_len, CLLM_ERR_NOT_FOUND, "%s: no key '%s'", g->path, key);
     if (v->type != CLLM_GGUF_TYPE_ARRAY || v->arr.type != CLLM_GGUF_TYPE_STRING)
-        return cllm_fail(err, err_len, CLLM_ERR_FORMAT,
-                         "%s: key '%s' is %s%s, expected an array of strings", g->path, key,
-                         v->type == CLLM_GGUF_TYPE_ARRAY ? "an array of " : "a ",
-                         cllm_gguf_type_name(v->type == CLLM_GGUF_TYPE_ARRAY ? v->arr.type
-                                                                             : v->type));
+        return cllm_fail(
+            err, err_len, CLLM_ERR_FORMAT, "%s: key '%s' is %s%s, expected an array of strings",
+            g->path, key, v->type == CLLM_GGUF_TYPE_ARRAY ? "an array of " : "a ",
+            cllm_gguf_type_name(v->type == CLLM_GGUF_TYPE_ARRAY ? v->arr.type : v->type));
     struct cllm_gguf_str *t = cllm_malloc_array((size_t)v->arr.count, sizeof *t);
     if (!t)
         return cllm_fail(err, err_len, CLLM_ERR_NOMEM, "%s: out of memory for key '%s'", g->path,

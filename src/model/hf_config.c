@@ -70,8 +70,8 @@ static enum cllm_status load_json(const char *dir, const char *name, size_t cap,
     *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
     if (!*root) {
         size_t at = end && end >= text ? (size_t)(end - text) : 0;
-        st = cllm_fail(err, err_len, CLLM_ERR_FORMAT, "%s: not valid JSON (at byte %zu)", *path,
-                       at);
+        st =
+            cllm_fail(err, err_len, CLLM_ERR_FORMAT, "%s: not valid JSON (at byte %zu)", *path, at);
     } else if (!cJSON_IsObject(*root)) {
         st = cllm_fail(err, err_len, CLLM_ERR_FORMAT, "%s: not a JSON object", *path);
         cJSON_Delete(*root);
@@ -131,9 +131,8 @@ static enum cllm_status as_int(const char *path, const char *key, const cJSON *v
 }
 
 /* obj[key] as an integer >= lo; absent leaves *out untouched unless required. */
-static enum cllm_status get_int(const char *path, const cJSON *obj, const char *key,
-                                bool required, int64_t lo, int32_t *out, char *err,
-                                size_t err_len)
+static enum cllm_status get_int(const char *path, const cJSON *obj, const char *key, bool required,
+                                int64_t lo, int32_t *out, char *err, size_t err_len)
 {
     const cJSON *v = get(obj, key);
     if (!v)
@@ -146,8 +145,8 @@ static enum cllm_status as_num(const char *path, const char *key, const cJSON *v
                                bool lo_open, double hi, float *out, char *err, size_t err_len)
 {
     if (!cJSON_IsNumber(v))
-        return cllm_fail(err, err_len, CLLM_ERR_FORMAT, "%s: \"%s\" must be a number, not %s",
-                         path, key, type_name(v));
+        return cllm_fail(err, err_len, CLLM_ERR_FORMAT, "%s: \"%s\" must be a number, not %s", path,
+                         key, type_name(v));
     double d = v->valuedouble;
     if (!isfinite(d) || d < lo || (lo_open && d == lo) || d > hi)
         return cllm_fail(err, err_len, CLLM_ERR_RANGE, "%s: \"%s\" is %g, must be in %c%g, %g]",
@@ -157,9 +156,9 @@ static enum cllm_status as_num(const char *path, const char *key, const cJSON *v
 }
 
 /* obj[key] as in as_num; absent leaves *out untouched unless required. */
-static enum cllm_status get_num(const char *path, const cJSON *obj, const char *key,
-                                bool required, double lo, bool lo_open, double hi, float *out,
-                                char *err, size_t err_len)
+static enum cllm_status get_num(const char *path, const cJSON *obj, const char *key, bool required,
+                                double lo, bool lo_open, double hi, float *out, char *err,
+                                size_t err_len)
 {
     const cJSON *v = get(obj, key);
     if (!v)
@@ -209,8 +208,8 @@ static enum cllm_status check_rope(const char *path, const cJSON *root, const ch
     if (!r)
         return CLLM_OK;
     if (!cJSON_IsObject(r))
-        return cllm_fail(err, err_len, CLLM_ERR_FORMAT, "%s: \"%s\" must be an object or null, not %s",
-                         path, key, type_name(r));
+        return cllm_fail(err, err_len, CLLM_ERR_FORMAT,
+                         "%s: \"%s\" must be an object or null, not %s", path, key, type_name(r));
     for (const cJSON *c = r->child; c; c = c->next)
         if (cJSON_IsObject(c))
             return cllm_fail(err, err_len, CLLM_ERR_UNSUPPORTED,
@@ -266,12 +265,11 @@ static enum cllm_status check_unsupported(const char *path, const cJSON *root, c
         for (const cJSON *c = lt->child; c; c = c->next) {
             if (!cJSON_IsString(c))
                 return cllm_fail(err, err_len, CLLM_ERR_FORMAT,
-                                 "%s: \"layer_types\" holds %s, not a string", path,
-                                 type_name(c));
+                                 "%s: \"layer_types\" holds %s, not a string", path, type_name(c));
             if (strcmp(c->valuestring, "full_attention") != 0)
                 return cllm_fail(err, err_len, CLLM_ERR_UNSUPPORTED,
-                                 "%s: layer type '%s' is not supported (only full_attention)",
-                                 path, c->valuestring);
+                                 "%s: layer type '%s' is not supported (only full_attention)", path,
+                                 c->valuestring);
         }
     }
     const cJSON *act = get(root, "hidden_act");
@@ -295,8 +293,8 @@ static enum cllm_status parse_hparams(const char *path, const cJSON *root, struc
     if (!mt)
         return missing(path, "model_type", err, err_len);
     if (!cJSON_IsString(mt))
-        return cllm_fail(err, err_len, CLLM_ERR_FORMAT, "%s: \"model_type\" must be a string, not %s",
-                         path, type_name(mt));
+        return cllm_fail(err, err_len, CLLM_ERR_FORMAT,
+                         "%s: \"model_type\" must be a string, not %s", path, type_name(mt));
     size_t n = strlen(mt->valuestring);
     if (n == 0 || n >= sizeof hp->arch)
         return cllm_fail(err, err_len, CLLM_ERR_FORMAT,
@@ -314,8 +312,7 @@ static enum cllm_status parse_hparams(const char *path, const cJSON *root, struc
                       err_len)))
         return st;
     hp->n_head_kv = hp->n_head;
-    if ((st = get_int(path, root, "num_key_value_heads", false, 1, &hp->n_head_kv, err,
-                      err_len)))
+    if ((st = get_int(path, root, "num_key_value_heads", false, 1, &hp->n_head_kv, err, err_len)))
         return st;
     if (get(root, "head_dim")) {
         if ((st = get_int(path, root, "head_dim", false, 1, &hp->head_dim, err, err_len)))
@@ -328,16 +325,15 @@ static enum cllm_status parse_hparams(const char *path, const cJSON *root, struc
     } else {
         hp->head_dim = hp->n_embd / hp->n_head;
     }
-    if ((st = get_num(path, root, "rms_norm_eps", true, 0.0, true, 1.0, &hp->rms_eps, err,
-                      err_len)))
+    if ((st =
+             get_num(path, root, "rms_norm_eps", true, 0.0, true, 1.0, &hp->rms_eps, err, err_len)))
         return st;
 
     /* RoPE base: rope_scaling's, else rope_parameters' (v5), else top-level, else 10000. */
     bool have_theta = false;
-    if ((st = check_rope(path, root, "rope_scaling", &hp->rope_theta, &have_theta, err,
-                         err_len)) ||
-        (st = check_rope(path, root, "rope_parameters", &hp->rope_theta, &have_theta, err,
-                         err_len)))
+    if ((st = check_rope(path, root, "rope_scaling", &hp->rope_theta, &have_theta, err, err_len)) ||
+        (st =
+             check_rope(path, root, "rope_parameters", &hp->rope_theta, &have_theta, err, err_len)))
         return st;
     if (!have_theta) {
         hp->rope_theta = 10000.0f;
@@ -392,8 +388,8 @@ static enum cllm_status parse_eos(const char *path, const cJSON *root, struct cl
                          CLLM_MAX_EOS_IDS);
     g->n_eos = 0;
     for (const cJSON *c = v->child; c; c = c->next) {
-        enum cllm_status st = as_int(path, "eos_token_id", c, 0, &g->eos_ids[g->n_eos], err,
-                                     err_len);
+        enum cllm_status st =
+            as_int(path, "eos_token_id", c, 0, &g->eos_ids[g->n_eos], err, err_len);
         if (st)
             return st;
         g->n_eos++;
@@ -406,28 +402,27 @@ static enum cllm_status parse_gen(const char *path, const cJSON *root, struct cl
 {
     enum cllm_status st;
     if ((st = get_bool(path, root, "do_sample", &g->do_sample, err, err_len)) ||
-        (st = get_num(path, root, "temperature", false, 0.0, false, INFINITY, &g->temperature,
-                      err, err_len)) ||
+        (st = get_num(path, root, "temperature", false, 0.0, false, INFINITY, &g->temperature, err,
+                      err_len)) ||
         (st = get_num(path, root, "top_p", false, 0.0, false, 1.0, &g->top_p, err, err_len)) ||
         (st = get_int(path, root, "top_k", false, 0, &g->top_k, err, err_len)) ||
         (st = get_num(path, root, "repetition_penalty", false, 0.0, true, INFINITY,
                       &g->repetition_penalty, err, err_len)) ||
-        (st = get_int(path, root, "max_new_tokens", false, 0, &g->max_new_tokens, err,
-                      err_len)) ||
+        (st = get_int(path, root, "max_new_tokens", false, 0, &g->max_new_tokens, err, err_len)) ||
         (st = get_int(path, root, "bos_token_id", false, 0, &g->bos_id, err, err_len)) ||
         (st = get_int(path, root, "pad_token_id", false, 0, &g->pad_id, err, err_len)))
         return st;
     return parse_eos(path, root, g, err, err_len);
 }
 
-enum cllm_status cllm_hf_read_gen_defaults(const char *dir, struct cllm_gen_defaults *g,
-                                           char *err, size_t err_len)
+enum cllm_status cllm_hf_read_gen_defaults(const char *dir, struct cllm_gen_defaults *g, char *err,
+                                           size_t err_len)
 {
     cllm_gen_defaults_init(g);
     cJSON *root;
     char *path;
-    enum cllm_status st = load_json(dir, "generation_config.json", CLLM_HF_MAX_CONFIG, true,
-                                    &root, &path, err, err_len);
+    enum cllm_status st = load_json(dir, "generation_config.json", CLLM_HF_MAX_CONFIG, true, &root,
+                                    &path, err, err_len);
     if (!st && root) {
         st = parse_gen(path, root, g, err, err_len);
         if (st)
@@ -457,8 +452,8 @@ static enum cllm_status dup_string(const char *path, const char *s, char **out, 
 }
 
 /* A special token: "text", {"content": "text", ...} (an AddedToken) or null. */
-static enum cllm_status get_token(const char *path, const cJSON *root, const char *key,
-                                  char **out, char *err, size_t err_len)
+static enum cllm_status get_token(const char *path, const cJSON *root, const char *key, char **out,
+                                  char *err, size_t err_len)
 {
     const cJSON *v = get(root, key);
     if (!v)
@@ -471,8 +466,8 @@ static enum cllm_status get_token(const char *path, const cJSON *root, const cha
         v = c;
     } else if (!cJSON_IsString(v)) {
         return cllm_fail(err, err_len, CLLM_ERR_FORMAT,
-                         "%s: \"%s\" must be a string or an object with \"content\", not %s",
-                         path, key, type_name(v));
+                         "%s: \"%s\" must be a string or an object with \"content\", not %s", path,
+                         key, type_name(v));
     }
     return dup_string(path, v->valuestring, out, err, err_len);
 }
@@ -525,9 +520,8 @@ static enum cllm_status get_template(const char *path, const cJSON *root, char *
     return dup_string(path, pick, out, err, err_len);
 }
 
-enum cllm_status cllm_hf_read_tokenizer_config(const char *dir,
-                                               struct cllm_hf_tokenizer_config *tc, char *err,
-                                               size_t err_len)
+enum cllm_status cllm_hf_read_tokenizer_config(const char *dir, struct cllm_hf_tokenizer_config *tc,
+                                               char *err, size_t err_len)
 {
     memset(tc, 0, sizeof *tc);
     tc->add_bos_token = tc->add_eos_token = -1;

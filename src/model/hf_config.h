@@ -38,8 +38,8 @@ enum cllm_status cllm_hf_read_hparams(const char *dir, struct cllm_hparams *hp, 
  * leaves the defaults and is not an error, null values keep their default. eos_token_id may be
  * an integer or a list of at most CLLM_MAX_EOS_IDS integers.
  */
-enum cllm_status cllm_hf_read_gen_defaults(const char *dir, struct cllm_gen_defaults *g,
-                                           char *err, size_t err_len);
+enum cllm_status cllm_hf_read_gen_defaults(const char *dir, struct cllm_gen_defaults *g, char *err,
+                                           size_t err_len);
 
 /* What tokenizer_config.json (and chat_template.jinja) say beyond tokenizer.json. */
 struct cllm_hf_tokenizer_config {
@@ -48,8 +48,8 @@ struct cllm_hf_tokenizer_config {
     char *eos_token;
     char *pad_token;
     char *unk_token;
-    int add_bos_token;   /* 1 / 0 as the file says; -1 if absent (tokenizer.json decides) */
-    int add_eos_token;   /* likewise */
+    int add_bos_token; /* 1 / 0 as the file says; -1 if absent (tokenizer.json decides) */
+    int add_eos_token; /* likewise */
 };
 
 /*
@@ -58,9 +58,8 @@ struct cllm_hf_tokenizer_config {
  * {"name", "template"} objects (the one named "default", else the first); token fields may be
  * strings, null, or {"content": "..."} objects. On failure *tc holds nothing to free.
  */
-enum cllm_status cllm_hf_read_tokenizer_config(const char *dir,
-                                               struct cllm_hf_tokenizer_config *tc, char *err,
-                                               size_t err_len);
+enum cllm_status cllm_hf_read_tokenizer_config(const char *dir, struct cllm_hf_tokenizer_config *tc,
+                                               char *err, size_t err_len);
 void cllm_hf_tokenizer_config_free(struct cllm_hf_tokenizer_config *tc);
 
 #endif

@@ -35,13 +35,13 @@ struct st_file {
 };
 
 struct cllm_st_set {
-    struct st_file *files;       /* [n_files] */
+    struct st_file *files; /* [n_files] */
     size_t n_files, cap_files;
     struct cllm_tensor *tensors; /* [n_tensors], file order */
     uint32_t *file_of;           /* [n_tensors]: index into files */
     size_t n_tensors, cap_tensors;
-    struct cllm_strmap by_name;  /* tensor name -> index into tensors (keys live in names) */
-    struct cllm_arena names;     /* tensor names */
+    struct cllm_strmap by_name; /* tensor name -> index into tensors (keys live in names) */
+    struct cllm_arena names;    /* tensor names */
 };
 
 static uint64_t read_le64(const uint8_t *p)
@@ -141,8 +141,7 @@ static enum cllm_status add_file(struct cllm_st_set *s, char *path, uint32_t *fi
     return CLLM_OK;
 }
 
-static enum cllm_status push_tensor(struct cllm_st_set *s, const struct cllm_tensor *t,
-                                    uint32_t fi)
+static enum cllm_status push_tensor(struct cllm_st_set *s, const struct cllm_tensor *t, uint32_t fi)
 {
     if (s->n_tensors == s->cap_tensors) {
         size_t cap = s->cap_tensors ? s->cap_tensors * 2 : 64;
@@ -203,8 +202,8 @@ static enum cllm_status parse_entry(struct cllm_st_set *s, uint32_t fi, const cJ
         uint64_t v;
         if (!json_u64(d, &v))
             return cllm_fail(err, err_len, CLLM_ERR_FORMAT,
-                             "%s: tensor '%s': shape[%d] is not a non-negative integer", path,
-                             name, i);
+                             "%s: tensor '%s': shape[%d] is not a non-negative integer", path, name,
+                             i);
         if (v == 0)
             return cllm_fail(err, err_len, CLLM_ERR_UNSUPPORTED,
                              "%s: tensor '%s': shape[%d] is 0 (empty tensors are not supported)",
@@ -235,8 +234,8 @@ static enum cllm_status parse_entry(struct cllm_st_set *s, uint32_t fi, const cJ
         return cllm_fail(err, err_len, CLLM_ERR_FORMAT,
                          "%s: tensor '%s': data_offsets span %llu bytes, but %llu %s elements "
                          "need %llu",
-                         path, name, (unsigned long long)(end - begin),
-                         (unsigned long long)numel, tr->name, (unsigned long long)t.nbytes);
+                         path, name, (unsigned long long)(end - begin), (unsigned long long)numel,
+                         tr->name, (unsigned long long)t.nbytes);
     if (end > data_size)
         return cllm_fail(err, err_len, CLLM_ERR_FORMAT,
                          "%s: tensor '%s': data ends at byte %llu, past the %llu-byte data area",
@@ -246,10 +245,10 @@ static enum cllm_status parse_entry(struct cllm_st_set *s, uint32_t fi, const cJ
     if (cllm_strmap_get(&s->by_name, name, strlen(name), &other)) {
         uint32_t ofi = s->file_of[other];
         if (ofi == fi)
-            return cllm_fail(err, err_len, CLLM_ERR_FORMAT, "%s: tensor '%s' appears twice",
-                             path, name);
-        return cllm_fail(err, err_len, CLLM_ERR_FORMAT, "%s: tensor '%s' is also in %s", path,
-                         name, s->files[ofi].path);
+            return cllm_fail(err, err_len, CLLM_ERR_FORMAT, "%s: tensor '%s' appears twice", path,
+                             name);
+        return cllm_fail(err, err_len, CLLM_ERR_FORMAT, "%s: tensor '%s' is also in %s", path, name,
+                         s->files[ofi].path);
     }
     t.name = cllm_arena_strndup(&s->names, name, strlen(name));
     if (!t.name)
@@ -297,9 +296,8 @@ static enum cllm_status check_overlap(struct cllm_st_set *s, uint32_t fi, size_t
     for (size_t i = 1; i < n; i++) {
         if (sp[i].begin < sp[last].end) {
             st = cllm_fail(err, err_len, CLLM_ERR_FORMAT,
-                           "%s: tensors '%s' and '%s' overlap in the data area",
-                           s->files[fi].path, s->tensors[sp[last].idx].name,
-                           s->tensors[sp[i].idx].name);
+                           "%s: tensors '%s' and '%s' overlap in the data area", s->files[fi].path,
+                           s->tensors[sp[last].idx].name, s->tensors[sp[i].idx].name);
             break;
         }
         if (sp[i].end > sp[last].end)
@@ -309,8 +307,7 @@ static enum cllm_status check_overlap(struct cllm_st_set *s, uint32_t fi, size_t
     return st;
 }
 
-static enum cllm_status check_metadata(const char *path, const cJSON *m, char *err,
-                                       size_t err_len)
+static enum cllm_status check_metadata(const char *path, const cJSON *m, char *err, size_t err_len)
 {
     if (cJSON_IsNull(m))
         return CLLM_OK;
@@ -442,9 +439,9 @@ static enum cllm_status open_sharded(struct cllm_st_set *s, const char *dir, con
     }
     for (const cJSON *e = wm->child; e; e = e->next) {
         if (!cJSON_IsString(e)) {
-            st = cllm_fail(err, err_len, CLLM_ERR_FORMAT,
-                           "%s: weight_map entry for tensor '%s' is not a string", index,
-                           e->string);
+            st =
+                cllm_fail(err, err_len, CLLM_ERR_FORMAT,
+                          "%s: weight_map entry for tensor '%s' is not a string", index, e->string);
             goto free_shards;
         }
         const char *fname = e->valuestring;
@@ -477,9 +474,9 @@ static enum cllm_status open_sharded(struct cllm_st_set *s, const char *dir, con
         cllm_strmap_get(&shards, e->valuestring, strlen(e->valuestring), &fi);
         bool found = cllm_strmap_get(&s->by_name, e->string, strlen(e->string), &ti);
         if (!found || s->file_of[ti] != fi) {
-            st = cllm_fail(err, err_len, CLLM_ERR_FORMAT,
-                           "%s: tensor '%s' is listed in %s but %s", index, e->string,
-                           e->valuestring, found ? "is in another shard" : "is not in it");
+            st = cllm_fail(err, err_len, CLLM_ERR_FORMAT, "%s: tensor '%s' is listed in %s but %s",
+                           index, e->string, e->valuestring,
+                           found ? "is in another shard" : "is not in it");
             goto free_shards;
         }
     }
@@ -514,8 +511,8 @@ enum cllm_status cllm_st_open_dir(struct cllm_st_set **out, const char *dir, cha
         goto free_paths;
     }
     if (!may_exist(index)) {
-        st = cllm_fail(err, err_len, CLLM_ERR_NOT_FOUND,
-                       "%s: no %s or %s in the folder", dir, SINGLE_NAME, INDEX_NAME);
+        st = cllm_fail(err, err_len, CLLM_ERR_NOT_FOUND, "%s: no %s or %s in the folder", dir,
+                       SINGLE_NAME, INDEX_NAME);
         goto free_paths;
     }
     struct cllm_st_set *s = set_new();

@@ -1,6 +1,7 @@
 /*
  * Tokenizer state and the encode/decode pipeline (see tokenizer.h for the steps). Token texts
- * are kept as raw bytes in one arena; NORMAL tokens are indexed by bytes for resolving merges.
+ * are kept as raw bytes in one arena. While building, NORMAL tokens are also indexed by their
+ * byte-level text, so merges ("Ġ t") resolve without decoding; the index is dropped at finish.
  */
 #include "tokenizer/tokenizer.h"
 
@@ -33,7 +34,7 @@ struct cllm_tokenizer {
     int32_t n_vocab;
     struct token *tokens;      /* [n_vocab] */
     struct cllm_arena arena;   /* token bytes */
-    struct cllm_strmap by_bytes; /* NORMAL token bytes -> id */
+    struct cllm_strmap by_text; /* while building: NORMAL token byte-level text -> id */
     struct cllm_bpe bpe;
     struct added *added;       /* added tokens, sorted by first byte then longest first */
     size_t n_added;
@@ -58,6 +59,12 @@ enum cllm_status cllm_tokenizer_new(struct cllm_tokenizer **out, int32_t n_vocab
     t->n_vocab = n_vocab;
     cllm_arena_init(&t->arena, 1 << 20);
     cllm_bpe_init(&t->bpe);
+    /* BPE vocabularies have about as many merges as tokens: size both tables once. */
+    if (cllm_strmap_reserve(&t->by_text, (size_t)n_vocab) ||
+        cllm_u64map_reserve(&t->bpe.merges, (size_t)n_vocab)) {
+        cllm_tokenizer_free(t);
+        return CLLM_ERR_NOMEM;
+    }
     *out = t;
     return CLLM_OK;
 }
@@ -69,7 +76,7 @@ void cllm_tokenizer_free(struct cllm_tokenizer *t)
     free(t->tokens);
     free(t->added);
     cllm_arena_free(&t->arena);
-    cllm_strmap_free(&t->by_bytes);
+    cllm_strmap_free(&t->by_text);
     cllm_bpe_free(&t->bpe);
     free(t);
 }
@@ -105,7 +112,9 @@ enum cllm_status cllm_tokenizer_set_token(struct cllm_tokenizer *t, int32_t id, 
         return CLLM_ERR_NOMEM;
     t->tokens[id] = (struct token){.bytes = bytes, .len = (uint32_t)n, .kind = (uint8_t)kind};
     if (kind == CLLM_TOKEN_NORMAL) {
-        enum cllm_status st = cllm_strmap_put(&t->by_bytes, bytes, n, (uint64_t)id);
+        const char *key = cllm_arena_strndup(&t->arena, text, len);
+        enum cllm_status st = key ? cllm_strmap_put(&t->by_text, key, len, (uint64_t)id)
+                                  : CLLM_ERR_NOMEM;
         if (st)
             return st;
         if (n == 1)
@@ -115,15 +124,10 @@ enum cllm_status cllm_tokenizer_set_token(struct cllm_tokenizer *t, int32_t id, 
 }
 
 /* Id of the NORMAL token whose byte-level text is s[0..n), or -1. */
-static int32_t lookup_bytelevel(const struct cllm_tokenizer *t, const char *s, size_t n,
-                                struct cllm_buf *scratch)
+static int32_t lookup_text(const struct cllm_tokenizer *t, const char *s, size_t n)
 {
-    scratch->len = 0;
     uint64_t id;
-    if (!cllm_bytelevel_decode(s, n, scratch) ||
-        !cllm_strmap_get(&t->by_bytes, scratch->data ? scratch->data : "", scratch->len, &id))
-        return -1;
-    return (int32_t)id;
+    return cllm_strmap_get(&t->by_text, s, n, &id) ? (int32_t)id : -1;
 }
 
 enum cllm_status cllm_tokenizer_add_merge(struct cllm_tokenizer *t, const char *left, size_t llen,
@@ -132,32 +136,23 @@ enum cllm_status cllm_tokenizer_add_merge(struct cllm_tokenizer *t, const char *
 {
     if (t->finished)
         return CLLM_ERR_INVALID_ARG;
-    struct cllm_buf scratch = {0};
-    enum cllm_status st = CLLM_OK;
-    int32_t l = lookup_bytelevel(t, left, llen, &scratch);
-    int32_t r = lookup_bytelevel(t, right, rlen, &scratch);
-    int32_t m = -1;
+    int32_t l = lookup_text(t, left, llen), r = lookup_text(t, right, rlen), m = -1;
     if (l >= 0 && r >= 0) {
-        scratch.len = 0;
-        const struct token *tl = &t->tokens[l], *tr = &t->tokens[r];
-        uint64_t id;
-        if ((st = cllm_buf_append(&scratch, tl->bytes, tl->len)) ||
-            (st = cllm_buf_append(&scratch, tr->bytes, tr->len)))
-            goto free_scratch;
-        if (cllm_strmap_get(&t->by_bytes, scratch.data, scratch.len, &id))
-            m = (int32_t)id;
+        /* Byte-level text concatenates like the bytes it stands for. */
+        struct cllm_buf joined = {0};
+        if (cllm_buf_append(&joined, left, llen) || cllm_buf_append(&joined, right, rlen)) {
+            cllm_buf_free(&joined);
+            return CLLM_ERR_NOMEM;
+        }
+        m = lookup_text(t, joined.data, joined.len);
+        cllm_buf_free(&joined);
     }
-    if (m < 0) {
-        st = cllm_fail(err, err_len, CLLM_ERR_FORMAT,
-                       "merge %d (\"%.*s %.*s\") names a token that is not in the vocabulary",
-                       (int)t->bpe.n_merges, (int)(llen > 40 ? 40 : llen), left,
-                       (int)(rlen > 40 ? 40 : rlen), right);
-        goto free_scratch;
-    }
-    st = cllm_bpe_add_merge(&t->bpe, l, r, m);
-free_scratch:
-    cllm_buf_free(&scratch);
-    return st;
+    if (m < 0)
+        return cllm_fail(err, err_len, CLLM_ERR_FORMAT,
+                         "merge %d (\"%.*s %.*s\") names a token that is not in the vocabulary",
+                         (int)t->bpe.n_merges, (int)(llen > 40 ? 40 : llen), left,
+                         (int)(rlen > 40 ? 40 : rlen), right);
+    return cllm_bpe_add_merge(&t->bpe, l, r, m);
 }
 
 void cllm_tokenizer_set_normalizer(struct cllm_tokenizer *t, enum cllm_normalizer norm)
@@ -203,6 +198,7 @@ enum cllm_status cllm_tokenizer_finish(struct cllm_tokenizer *t, char *err, size
         t->added_first[f >> 3] |= (uint8_t)(1u << (f & 7));
     }
     qsort(t->added, t->n_added, sizeof *t->added, cmp_added);
+    cllm_strmap_free(&t->by_text);
     t->finished = true;
     return CLLM_OK;
 }

@@ -772,7 +772,8 @@ static void test_bad(void)
     /* Tensor infos. */
     const char *tn = "blk.0.attn_q.weight";
     one_tensor(&b, tn, 2, (uint64_t[]){32, 2}, 16, 0, 128);
-    expect_fail(&b, "iq2.gguf", CLLM_ERR_UNSUPPORTED, "tensor 'blk.0.attn_q.weight' has type IQ2_XXS");
+    expect_fail(&b, "iq2.gguf", CLLM_ERR_UNSUPPORTED,
+                "tensor 'blk.0.attn_q.weight' has type IQ2_XXS");
     RESET();
     one_tensor(&b, tn, 1, (uint64_t[]){32}, 1000, 0, 128);
     expect_fail(&b, "type1000.gguf", CLLM_ERR_UNSUPPORTED, "unknown (ggml type 1000)");
@@ -815,7 +816,8 @@ static void test_bad(void)
     w_pad(&b, 32);
     for (int i = 0; i < 64; i++)
         w_u8(&b, 0);
-    expect_fail(&b, "duptensor.gguf", CLLM_ERR_FORMAT, "duplicate tensor name 'blk.0.attn_q.weight'");
+    expect_fail(&b, "duptensor.gguf", CLLM_ERR_FORMAT,
+                "duplicate tensor name 'blk.0.attn_q.weight'");
     RESET();
     /* A long name is cut in the message, which stays short. */
     char longname[300];

@@ -109,7 +109,7 @@ int main(void)
     CHECKF(st == CLLM_OK, "%s", err);
     CHECK(count == 151387);
     if (tab && count == 151387) {
-        CHECK(str_is(tab[0], "\xc4\xa0 \xc4\xa0")); /* "Ġ Ġ" */
+        CHECK(str_is(tab[0], "\xc4\xa0 \xc4\xa0"));                 /* "Ġ Ġ" */
         CHECK(str_is(tab[count - 1], "\xc3\xa2\xc2\xbd \xc4\xb9")); /* "â½ Ĺ" */
     }
     free(tab);

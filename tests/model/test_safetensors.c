@@ -157,8 +157,7 @@ static void check_valid_set(const struct cllm_st_set *set, const char *path)
     CHECK(s && s->n_dims == 1 && s->ne[0] == 1 && s->nbytes == 4 && rd_f32(s->data, 0) == 42.0f);
 
     const struct cllm_tensor *d = cllm_st_find(set, "d");
-    CHECK(d && d->n_dims == 4 && d->ne[0] == 2 && d->ne[1] == 1 && d->ne[2] == 2 &&
-          d->ne[3] == 1);
+    CHECK(d && d->n_dims == 4 && d->ne[0] == 2 && d->ne[1] == 1 && d->ne[2] == 2 && d->ne[3] == 1);
     CHECK(d && rd_f32(d->data, 3) == 1e-3f);
 
     CHECK(cllm_st_find(set, "__metadata__") == NULL);
@@ -226,8 +225,8 @@ static void expect_bad(const char *header, const void *data, size_t dlen, enum c
     write_st(path, header, data, dlen);
     struct cllm_st_set *set = (struct cllm_st_set *)1;
     enum cllm_status st = cllm_st_open_file(&set, path, err, sizeof err);
-    CHECKF(st == want && set == NULL, "line %d: status %s, want %s (%s)", line,
-           cllm_status_str(st), cllm_status_str(want), err);
+    CHECKF(st == want && set == NULL, "line %d: status %s, want %s (%s)", line, cllm_status_str(st),
+           cllm_status_str(want), err);
     CHECKF(strstr(err, path) && strstr(err, needle), "line %d: error '%s' lacks '%s'", line, err,
            needle);
 }
@@ -264,8 +263,8 @@ static void test_bad_headers(void)
         "shape[0] is not a non-negative integer");
     BAD("{\"a\": {\"dtype\": \"F32\", \"shape\": [2, 0], \"data_offsets\": [0, 0]}}", 0, U,
         "shape[1] is 0");
-    BAD("{\"a\": {\"dtype\": \"F32\", \"shape\": [1, 1, 1, 1, 1], \"data_offsets\": [0, 4]}}", 4,
-        U, "5 dimensions");
+    BAD("{\"a\": {\"dtype\": \"F32\", \"shape\": [1, 1, 1, 1, 1], \"data_offsets\": [0, 4]}}", 4, U,
+        "5 dimensions");
     BAD("{\"a\": {\"dtype\": \"F32\", \"shape\": [4294967296, 4294967296, 4294967296], "
         "\"data_offsets\": [0, 4]}}",
         4, F, "element count overflows");
@@ -285,8 +284,7 @@ static void test_bad_headers(void)
         "end before they begin");
     BAD("{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 4]}}", 8, F,
         "span 4 bytes, but 2 F32 elements need 8");
-    BAD("{\"a\": {\"dtype\": \"BF16\", \"shape\": [3], \"data_offsets\": [0, 8]}}", 8, F,
-        "need 6");
+    BAD("{\"a\": {\"dtype\": \"BF16\", \"shape\": [3], \"data_offsets\": [0, 8]}}", 8, F, "need 6");
     BAD("{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [60, 68]}}", 64, F,
         "past the 64-byte data area");
     BAD("{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]}, "
@@ -376,8 +374,8 @@ static void test_truncation_and_corruption(void)
             named++;
         cllm_st_free(set);
     }
-    CHECKF(failed == (int)n && named == (int)n, "%d/%zu prefixes failed, %d named the file",
-           failed, n, named);
+    CHECKF(failed == (int)n && named == (int)n, "%d/%zu prefixes failed, %d named the file", failed,
+           n, named);
 
     const uint8_t subst[] = {'"', '{', '}', '[', ']', ',', ':', '9', '-', '.', 'e', ' ', 0, 0xff};
     size_t hdr_end = 8 + strlen(VALID_HEADER);
@@ -440,11 +438,10 @@ static void write_index(const char *dir, const char *json)
     write_bytes(p, json, strlen(json));
 }
 
-static const char *VALID_INDEX =
-    "{\"metadata\": {\"total_size\": 36}, \"weight_map\": {"
-    "\"x\": \"model-00001-of-00002.safetensors\", "
-    "\"y\": \"model-00002-of-00002.safetensors\", "
-    "\"z\": \"model-00001-of-00002.safetensors\"}}";
+static const char *VALID_INDEX = "{\"metadata\": {\"total_size\": 36}, \"weight_map\": {"
+                                 "\"x\": \"model-00001-of-00002.safetensors\", "
+                                 "\"y\": \"model-00002-of-00002.safetensors\", "
+                                 "\"z\": \"model-00001-of-00002.safetensors\"}}";
 
 static void test_sharded_valid(void)
 {
@@ -486,10 +483,10 @@ static void expect_dir_bad(const char *dir, enum cllm_status want, const char *n
     enum cllm_status st = cllm_st_open_dir(&set, dir, err, sizeof err);
     char path[256];
     path_in(path, sizeof path, dir, name);
-    CHECKF(st == want && set == NULL, "line %d: status %s, want %s (%s)", line,
-           cllm_status_str(st), cllm_status_str(want), err);
-    CHECKF(strstr(err, name ? path : dir) && strstr(err, needle), "line %d: '%s' lacks '%s'",
-           line, err, needle);
+    CHECKF(st == want && set == NULL, "line %d: status %s, want %s (%s)", line, cllm_status_str(st),
+           cllm_status_str(want), err);
+    CHECKF(strstr(err, name ? path : dir) && strstr(err, needle), "line %d: '%s' lacks '%s'", line,
+           err, needle);
 }
 
 #define DIR_BAD(index_json, want, name, needle)                                                    \

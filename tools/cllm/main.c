@@ -1,6 +1,51 @@
-/* Placeholder main until the subcommands land in this commit series. */
+/*
+ * The cllm binary: one executable, subcommands dispatched here. This file only composes the
+ * layers (open a model, run a command); each command lives in its own cmd_*.c.
+ */
 #include <stdio.h>
-int main(void)
+#include <string.h>
+
+#include "cllm.h"
+#include "cmd.h"
+
+static void usage(FILE *f)
 {
-    return 0;
+    fprintf(f, "cllm %s - LLM inference server for Qwen2.5 models\n\n"
+               "usage: cllm <command> [options]\n\n"
+               "commands:\n"
+               "  info      --model PATH            describe a model (GGUF file or HF folder)\n"
+               "  tokenize  --model PATH [--ids|--decode] [--bench N]\n"
+               "                                    text on stdin -> token ids on stdout (or back)\n"
+               "  generate  --model PATH ...        (not implemented yet)\n"
+               "  serve     --model PATH ...        (not implemented yet)\n"
+               "  bench     --model PATH ...        (not implemented yet)\n",
+            CLLM_VERSION);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "--version")) {
+        printf("cllm %s\n", CLLM_VERSION);
+        return 0;
+    }
+    if (!strcmp(cmd, "info"))
+        return cllm_cmd_info(argc - 1, argv + 1);
+    if (!strcmp(cmd, "tokenize"))
+        return cllm_cmd_tokenize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "generate") || !strcmp(cmd, "serve") || !strcmp(cmd, "bench")) {
+        fprintf(stderr, "cllm: %s is not implemented yet\n", cmd);
+        return 2;
+    }
+    fprintf(stderr, "cllm: unknown command '%s'\n\n", cmd);
+    usage(stderr);
+    return 2;
 }

@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""The cllm binary end to end: `cllm tokenize` matches the HF golden ids on GGUF and HF
+folders (stdin read exactly as given), `--decode` reverses it, `cllm info` describes both
+formats, and every kind of bad model file gives a one-line error naming the file and a
+non-zero exit, never a crash. Paths come from CTest's environment (scripts/test)."""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+BIN = os.environ["CLLM_BIN"]
+GGUF = os.environ["CLLM_TEST_GGUF"]
+HF = os.environ["CLLM_TEST_HF"]
+FIXTURES = os.environ["CLLM_FIXTURES"]
+
+passed = failed = 0
+
+
+def check(cond, what):
+    global passed, failed
+    if cond:
+        passed += 1
+    else:
+        failed += 1
+        print(f"FAIL: {what}", file=sys.stderr)
+
+
+def run(args, stdin=b""):
+    return subprocess.run([BIN] + args, input=stdin, capture_output=True, timeout=120)
+
+
+def test_tokenize(model, cases):
+    for c in cases:
+        raw = bytes.fromhex(c["hex"])
+        r = run(["tokenize", "--model", model, "--ids"], raw)
+        got = [int(x) for x in r.stdout.split()]
+        check(r.returncode == 0 and got == c["ids"], f"tokenize {c['name']} on {model}: {r.stderr[-300:]}")
+        d = run(["tokenize", "--model", model, "--decode"], r.stdout)
+        want = raw.decode("utf-8", "replace").encode()
+        check(d.returncode == 0 and d.stdout == want, f"decode {c['name']} on {model}")
+
+
+def expect_error(args, needle, what):
+    r = run(args)
+    err = r.stderr.decode(errors="replace").strip()
+    ok = r.returncode not in (0, -6, -11) and r.returncode > 0 and needle in err and len(err.splitlines()) == 1
+    check(ok, f"{what}: exit {r.returncode}, stderr {err!r}")
+
+
+def test_bad_files(tmp):
+    head = open(GGUF, "rb").read(1 << 20)
+    cases = {}
+    cases["truncated.gguf"] = head[:1000]
+    cases["empty.gguf"] = b""
+    cases["magic.gguf"] = b"GGUX" + head[4:]
+    cases["version.gguf"] = head[:4] + struct.pack("<I", 7) + head[8:]
+    cases["ntensors.gguf"] = head[:8] + struct.pack("<Q", 1 << 62) + head[16:]
+    for name, data in cases.items():
+        p = os.path.join(tmp, name)
+        open(p, "wb").write(data)
+        expect_error(["info", "--model", p], name, f"bad GGUF {name}")
+        expect_error(["tokenize", "--model", p], name, f"tokenize with bad GGUF {name}")
+    expect_error(["info", "--model", os.path.join(tmp, "absent.gguf")], "absent.gguf", "missing file")
+
+    # HF folders: copies of the real one with one thing broken. Weights are symlinked.
+    def hf_copy(name):
+        d = os.path.join(tmp, name)
+        os.mkdir(d)
+        for f in os.listdir(HF):
+            src = os.path.join(HF, f)
+            if f.endswith(".safetensors"):
+                os.symlink(src, os.path.join(d, f))
+            elif os.path.isfile(src):
+                shutil.copy(src, d)
+        return d
+
+    d = hf_copy("noconfig")
+    os.remove(os.path.join(d, "config.json"))
+    expect_error(["info", "--model", d], "config.json", "missing config.json")
+    d = hf_copy("badjson")
+    open(os.path.join(d, "config.json"), "w").write('{"model_type": "qwen2", "hidden_size": ')
+    expect_error(["info", "--model", d], "config.json", "malformed config.json")
+    d = hf_copy("notok")
+    os.remove(os.path.join(d, "tokenizer.json"))
+    expect_error(["info", "--model", d], "tokenizer.json", "missing tokenizer.json")
+    # A safetensors file whose only tensor has an unknown dtype, and one missing a tensor.
+    for name, dtype in (("i64", "I64"), ("missing", "F32")):
+        d = hf_copy(name)
+        for f in os.listdir(d):
+            if f.endswith(".safetensors") or f.endswith(".index.json"):
+                os.remove(os.path.join(d, f))
+        header = json.dumps({"model.norm.weight": {"dtype": dtype, "shape": [2],
+                                                   "data_offsets": [0, 16 if dtype == "I64" else 8]}}).encode()
+        open(os.path.join(d, "model.safetensors"), "wb").write(
+            struct.pack("<Q", len(header)) + header + b"\0" * 16)
+        needle = "I64" if dtype == "I64" else "missing"
+        expect_error(["info", "--model", d], needle, f"safetensors {name}")
+
+
+def main():
+    golden = json.load(open(os.path.join(FIXTURES, "tokenizer_golden.json")))["cases"]
+    pick = {"english", "chinese", "code", "emoji", "whitespace_runs", "newline_runs", "trailing_spaces",
+            "special_tokens", "invalid_truncated_mid", "invalid_before_special", "empty", "pmpp_000",
+            "pmpp_191", "long_word"}
+    cases = [c for c in golden if c["name"] in pick]
+    check(len(cases) == len(pick), "fixture has the picked cases")
+    for model in (GGUF, HF):
+        test_tokenize(model, cases)
+        r = run(["info", "--model", model])
+        out = r.stdout.decode()
+        check(r.returncode == 0 and "qwen2" in out and "ChatML" in out and "151936 tokens" in out,
+              f"info on {model}: {out[-500:]} {r.stderr[-300:]}")
+    r = run(["tokenize", "--model", GGUF, "--decode"], b"1 2 999999999")
+    check(r.returncode == 1 and b"999999999" in r.stderr, "decode rejects an id out of range")
+    check(run(["nonsense"]).returncode == 2, "unknown command exits 2")
+    check(run(["info"]).returncode != 0, "info without --model fails")
+    with tempfile.TemporaryDirectory() as tmp:
+        test_bad_files(tmp)
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
