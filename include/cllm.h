@@ -17,6 +17,8 @@ enum cllm_status {
     CLLM_ERR_INVALID_ARG, /* a caller passed a value outside the contract */
     CLLM_ERR_NOT_FOUND,   /* a named tensor, key or file is missing */
     CLLM_ERR_RANGE,       /* a value or index is out of its allowed range */
+    CLLM_ERR_BUSY,        /* a queue is full: try again later */
+    CLLM_ERR_DEVICE,      /* the compute device failed */
 };
 
 #endif

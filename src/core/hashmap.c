@@ -190,6 +190,31 @@ bool cllm_u64map_get(const struct cllm_u64map *m, uint64_t key, uint64_t *value)
     }
 }
 
+bool cllm_u64map_del(struct cllm_u64map *m, uint64_t key)
+{
+    if (!m->cap)
+        return false;
+    size_t mask = m->cap - 1, j = mix64(key) & mask;
+    while (m->slots[j].used && m->slots[j].key != key)
+        j = (j + 1) & mask;
+    if (!m->slots[j].used)
+        return false;
+    /* Shift later members of the probe run back over the hole, unless they sit at or after
+     * their home slot relative to the hole (moving them would put them before their home). */
+    size_t hole = j;
+    for (size_t k = (j + 1) & mask; m->slots[k].used; k = (k + 1) & mask) {
+        size_t home = mix64(m->slots[k].key) & mask;
+        bool movable = hole <= k ? (home <= hole || home > k) : (home <= hole && home > k);
+        if (movable) {
+            m->slots[hole] = m->slots[k];
+            hole = k;
+        }
+    }
+    m->slots[hole].used = false;
+    m->len--;
+    return true;
+}
+
 void cllm_u64map_free(struct cllm_u64map *m)
 {
     free(m->slots);

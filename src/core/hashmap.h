@@ -2,7 +2,8 @@
  * Open-addressing hash maps with linear probing, for read-mostly tables built at load time:
  *   cllm_strmap: byte-string keys (borrowed: the caller keeps them alive) -> uint64 values
  *   cllm_u64map: uint64 keys -> uint64 values (e.g. a BPE merge pair (left << 32 | right))
- * No deletion; the table doubles when it is more than half full.
+ * The table doubles when it is more than half full. Only the u64 map deletes (backward-shift
+ * deletion, so no tombstones): the prefix cache forgets evicted blocks.
  */
 #ifndef CLLM_CORE_HASHMAP_H
 #define CLLM_CORE_HASHMAP_H
@@ -36,6 +37,8 @@ struct cllm_u64map {
 enum cllm_status cllm_u64map_reserve(struct cllm_u64map *m, size_t n);
 enum cllm_status cllm_u64map_put(struct cllm_u64map *m, uint64_t key, uint64_t value);
 bool cllm_u64map_get(const struct cllm_u64map *m, uint64_t key, uint64_t *value);
+/* Removes key; false if it was not there. */
+bool cllm_u64map_del(struct cllm_u64map *m, uint64_t key);
 void cllm_u64map_free(struct cllm_u64map *m);
 
 /* 64-bit hash of n bytes (FNV-1a folded through a final avalanche). */

@@ -15,6 +15,8 @@ const char *cllm_status_str(enum cllm_status st)
     case CLLM_ERR_INVALID_ARG: return "invalid argument";
     case CLLM_ERR_NOT_FOUND: return "not found";
     case CLLM_ERR_RANGE: return "out of range";
+    case CLLM_ERR_BUSY: return "busy";
+    case CLLM_ERR_DEVICE: return "device error";
     }
     return "unknown status";
 }

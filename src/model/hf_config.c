@@ -17,30 +17,8 @@
 #include <cjson/cJSON.h>
 
 #include "core/mmap.h"
+#include "core/path.h"
 #include "core/status.h"
-
-/* dir + "/" + name into a malloc'd string (a trailing '/' on dir is not doubled); NULL when out
- * of memory. */
-static char *join_path(const char *dir, const char *name)
-{
-    size_t dl = strlen(dir);
-    while (dl > 1 && dir[dl - 1] == '/')
-        dl--;
-    if (dl == 0) {
-        dir = ".";
-        dl = 1;
-    }
-    bool slash = dir[dl - 1] != '/';
-    size_t nl = strlen(name);
-    char *p = malloc(dl + slash + nl + 1);
-    if (!p)
-        return NULL;
-    memcpy(p, dir, dl);
-    if (slash)
-        p[dl] = '/';
-    memcpy(p + dl + slash, name, nl + 1);
-    return p;
-}
 
 static bool file_missing(const char *path)
 {
@@ -56,7 +34,7 @@ static enum cllm_status load_json(const char *dir, const char *name, size_t cap,
                                   cJSON **root, char **path, char *err, size_t err_len)
 {
     *root = NULL;
-    *path = join_path(dir, name);
+    *path = cllm_path_join(dir, name);
     if (!*path)
         return cllm_fail(err, err_len, CLLM_ERR_NOMEM, "%s: out of memory", dir);
     if (optional && file_missing(*path))
@@ -533,7 +511,7 @@ enum cllm_status cllm_hf_read_tokenizer_config(const char *dir, struct cllm_hf_t
         goto done;
 
     /* transformers lets chat_template.jinja override the config's template. */
-    char *jinja = join_path(dir, "chat_template.jinja");
+    char *jinja = cllm_path_join(dir, "chat_template.jinja");
     if (!jinja) {
         st = cllm_fail(err, err_len, CLLM_ERR_NOMEM, "%s: out of memory", dir);
         goto done;

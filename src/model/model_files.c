@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "core/alloc.h"
+#include "core/path.h"
 #include "core/status.h"
 #include "model/gguf.h"
 #include "model/hf_config.h"
@@ -123,16 +124,18 @@ static enum cllm_status open_hf(struct cllm_model_files *mf, char *err, size_t e
 {
     enum cllm_status st;
     struct cllm_hf_tokenizer_config tc;
-    char tok_path[4096];
-    if ((size_t)snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", mf->path) >=
-        sizeof tok_path)
-        return cllm_fail(err, err_len, CLLM_ERR_INVALID_ARG, "%s: path too long", mf->path);
+    char *tok_path = cllm_path_join(mf->path, "tokenizer.json");
+    if (!tok_path)
+        return CLLM_ERR_NOMEM;
     if ((st = cllm_hf_read_hparams(mf->path, &mf->hp, err, err_len)) ||
         (st = cllm_hf_read_gen_defaults(mf->path, &mf->gen, err, err_len)) ||
         (st = cllm_st_open_dir(&mf->st, mf->path, err, err_len)) ||
         (st = cllm_vocab_load_json(&mf->tok, tok_path, err, err_len)) ||
-        (st = cllm_hf_read_tokenizer_config(mf->path, &tc, err, err_len)))
+        (st = cllm_hf_read_tokenizer_config(mf->path, &tc, err, err_len))) {
+        free(tok_path);
         return st;
+    }
+    free(tok_path);
     mf->chat_template = tc.chat_template;
     tc.chat_template = NULL;
     cllm_hf_tokenizer_config_free(&tc);

@@ -22,6 +22,7 @@
 #include "core/alloc.h"
 #include "core/hashmap.h"
 #include "core/mmap.h"
+#include "core/path.h"
 #include "core/status.h"
 
 #define SINGLE_NAME "model.safetensors"
@@ -67,29 +68,6 @@ static bool json_u64(const cJSON *v, uint64_t *out)
 static bool is_json_space(char c)
 {
     return c == ' ' || c == '\t' || c == '\n' || c == '\r';
-}
-
-/* dir + "/" + name into a malloc'd string; NULL when out of memory. A trailing '/' on dir is
- * not doubled. */
-static char *join_path(const char *dir, const char *name)
-{
-    size_t dl = strlen(dir);
-    while (dl > 1 && dir[dl - 1] == '/')
-        dl--;
-    if (dl == 0) {
-        dir = ".";
-        dl = 1;
-    }
-    bool slash = dir[dl - 1] != '/';
-    size_t nl = strlen(name);
-    char *p = malloc(dl + slash + nl + 1);
-    if (!p)
-        return NULL;
-    memcpy(p, dir, dl);
-    if (slash)
-        p[dl] = '/';
-    memcpy(p + dl + slash, name, nl + 1);
-    return p;
 }
 
 static struct cllm_st_set *set_new(void)
@@ -455,7 +433,7 @@ static enum cllm_status open_sharded(struct cllm_st_set *s, const char *dir, con
         uint64_t fi64;
         if (cllm_strmap_get(&shards, fname, strlen(fname), &fi64))
             continue;
-        char *path = join_path(dir, fname);
+        char *path = cllm_path_join(dir, fname);
         if (!path) {
             st = cllm_fail(err, err_len, CLLM_ERR_NOMEM, "%s: out of memory", index);
             goto free_shards;
@@ -500,8 +478,8 @@ enum cllm_status cllm_st_open_dir(struct cllm_st_set **out, const char *dir, cha
 {
     *out = NULL;
     enum cllm_status st = CLLM_OK;
-    char *single = join_path(dir, SINGLE_NAME);
-    char *index = join_path(dir, INDEX_NAME);
+    char *single = cllm_path_join(dir, SINGLE_NAME);
+    char *index = cllm_path_join(dir, INDEX_NAME);
     if (!single || !index) {
         st = cllm_fail(err, err_len, CLLM_ERR_NOMEM, "%s: out of memory", dir);
         goto free_paths;

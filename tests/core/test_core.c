@@ -1,5 +1,6 @@
 /* Core utilities: overflow-checked sizes, buffers, hash maps, f16/bf16 conversions, mmap. */
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -58,6 +59,34 @@ static void test_maps(void)
     CHECK(cllm_u64map_get(&u, 777ULL << 32 | 2331, &v) && v == 777);
     CHECK(!cllm_u64map_get(&u, 777ULL << 32 | 2332, &v));
     cllm_u64map_free(&u);
+
+    /* Random inserts and deletes against a plain array: deletion must keep every other key
+     * findable (backward-shift deletion across wrap-around). */
+    enum { KEYS = 3000 };
+    static bool present[KEYS];
+    struct cllm_u64map d = {0};
+    uint64_t r = 12345;
+    int bad = 0;
+    for (int step = 0; step < 200000; step++) {
+        r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+        uint64_t key = (r >> 33) % KEYS;
+        if ((r >> 20) & 1) {
+            cllm_u64map_put(&d, key * 0x10001, key);
+            present[key] = true;
+        } else {
+            bool was = cllm_u64map_del(&d, key * 0x10001);
+            bad += was != present[key];
+            present[key] = false;
+        }
+        if (step % 20000 == 0)
+            for (uint64_t k = 0; k < KEYS; k++)
+                bad += cllm_u64map_get(&d, k * 0x10001, &v) != present[k];
+    }
+    size_t n_present = 0;
+    for (int k = 0; k < KEYS; k++)
+        n_present += present[k];
+    CHECK(bad == 0 && d.len == n_present);
+    cllm_u64map_free(&d);
 }
 
 static void test_half(void)

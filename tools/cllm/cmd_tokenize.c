@@ -13,18 +13,6 @@
 #include "cmd.h"
 #include "core/buf.h"
 
-static enum cllm_status read_all(FILE *f, struct cllm_buf *b)
-{
-    char chunk[65536];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
-        enum cllm_status st = cllm_buf_append(b, chunk, n);
-        if (st)
-            return st;
-    }
-    return ferror(f) ? CLLM_ERR_IO : CLLM_OK;
-}
-
 static int encode(const struct cllm_model_files *mf, const struct cllm_buf *in, long bench)
 {
     struct cllm_ids ids = {0};
@@ -113,7 +101,7 @@ int cllm_cmd_tokenize(int argc, char **argv)
         return 1;
     struct cllm_buf in = {0};
     int rc;
-    if (read_all(stdin, &in) != CLLM_OK) {
+    if (cllm_cmd_read_all(stdin, &in) != CLLM_OK) {
         fprintf(stderr, "cllm: tokenize: cannot read stdin\n");
         rc = 1;
     } else {

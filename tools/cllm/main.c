@@ -16,7 +16,8 @@ static void usage(FILE *f)
                "  info      --model PATH            describe a model (GGUF file or HF folder)\n"
                "  tokenize  --model PATH [--ids|--decode] [--bench N]\n"
                "                                    text on stdin -> token ids on stdout (or back)\n"
-               "  generate  --model PATH ...        (not implemented yet)\n"
+               "  generate  --model PATH [--prompt TEXT] ...\n"
+               "                                    stream an answer (cllm generate --help)\n"
                "  serve     --model PATH ...        (not implemented yet)\n"
                "  bench     --model PATH ...        (not implemented yet)\n",
             CLLM_VERSION);
@@ -41,7 +42,11 @@ int main(int argc, char **argv)
         return cllm_cmd_info(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize"))
         return cllm_cmd_tokenize(argc - 1, argv + 1);
-    if (!strcmp(cmd, "generate") || !strcmp(cmd, "serve") || !strcmp(cmd, "bench")) {
+    if (!strcmp(cmd, "generate"))
+        return cllm_cmd_generate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench"))
+        return cllm_cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve")) {
         fprintf(stderr, "cllm: %s is not implemented yet\n", cmd);
         return 2;
     }

@@ -1,0 +1,29 @@
+/* The backend registry: the only file that knows which backends are compiled in. */
+#include "backend/backend.h"
+
+#include "backend/cpu/backend_cpu.h"
+#include "core/status.h"
+
+enum cllm_status cllm_backend_new(struct cllm_backend **out, const struct cllm_backend_options *o,
+                                  char *err, size_t err_len)
+{
+    *out = NULL;
+    switch (o->kind) {
+    case CLLM_BACKEND_CPU:
+        return cllm_backend_cpu_new(out, o->n_threads, err, err_len);
+    case CLLM_BACKEND_CUDA:
+#ifdef CLLM_USE_CUDA
+        return cllm_backend_cuda_new(out, err, err_len);
+#else
+        return cllm_fail(err, err_len, CLLM_ERR_UNSUPPORTED,
+                         "this cllm was built without CUDA (configure with -DCLLM_CUDA=ON)");
+#endif
+    }
+    return cllm_fail(err, err_len, CLLM_ERR_INVALID_ARG, "unknown backend kind %d", (int)o->kind);
+}
+
+void cllm_backend_free(struct cllm_backend *be)
+{
+    if (be)
+        be->iface->free(be);
+}

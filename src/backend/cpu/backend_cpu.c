@@ -1,0 +1,472 @@
+/*
+ * CPU implementation of backend.h. Device pointers are host pointers; weights are used in
+ * place from the mapped file (matrices in their stored dtype; only small vectors such as norm
+ * weights and biases are widened to F32 once). Ops run synchronously; each splits its rows
+ * over the pool unless it is too small to be worth a dispatch.
+ */
+#include "backend/cpu/backend_cpu.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/matmul.h"
+#include "backend/cpu/ref.h"
+#include "backend/cpu/threadpool.h"
+#include "core/alloc.h"
+#include "core/status.h"
+
+/* Below this many elements an elementwise op runs on the calling thread alone. */
+#define MIN_PARALLEL_ELEMS 32768
+
+struct cpu {
+    struct cllm_backend be;
+    struct cllm_threadpool *tp;
+    void *scratch; /* matmul activation quantization buffer */
+    size_t scratch_size;
+    float *rope_cos, *rope_sin; /* [rope_positions][head_dim / 2], computed on demand */
+    int32_t rope_positions;
+    struct cllm_rope rope_for; /* the parameters the table was computed for */
+};
+
+static struct cpu *cpu_of(struct cllm_backend *be)
+{
+    return be->ctx;
+}
+
+static void run(struct cpu *c, int64_t elems, cllm_task_fn fn, void *ctx)
+{
+    cllm_threadpool_run(elems < MIN_PARALLEL_ELEMS ? NULL : c->tp, fn, ctx);
+}
+
+static void cpu_free(struct cllm_backend *be)
+{
+    struct cpu *c = cpu_of(be);
+    cllm_threadpool_free(c->tp);
+    free(c->scratch);
+    free(c->rope_cos);
+    free(c->rope_sin);
+    free(c);
+}
+
+static enum cllm_status cpu_alloc(struct cllm_backend *be, size_t bytes, void **out)
+{
+    (void)be;
+    /* 64-byte alignment: whole cache lines, and aligned SIMD loads where kernels want them. */
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    if (rounded < bytes || !(*out = aligned_alloc(64, rounded ? rounded : 64)))
+        return CLLM_ERR_NOMEM;
+    return CLLM_OK;
+}
+
+static void cpu_dealloc(struct cllm_backend *be, void *p)
+{
+    (void)be;
+    free(p);
+}
+
+static enum cllm_status cpu_copy(struct cllm_backend *be, void *dst, const void *src, size_t n)
+{
+    (void)be;
+    if (n)
+        memcpy(dst, src, n);
+    return CLLM_OK;
+}
+
+static enum cllm_status cpu_weight_init(struct cllm_backend *be, const struct cllm_tensor *t,
+                                        struct cllm_weight *w, char *err, size_t err_len)
+{
+    (void)be;
+    memset(w, 0, sizeof *w);
+    if (t->n_dims > 2)
+        return cllm_fail(err, err_len, CLLM_ERR_UNSUPPORTED, "tensor %s has %d dimensions",
+                         t->name, t->n_dims);
+    w->host = t;
+    w->dtype = t->dtype;
+    w->ne[0] = t->ne[0];
+    w->ne[1] = t->n_dims == 2 ? t->ne[1] : 1;
+    w->data = t->data;
+    if (t->n_dims == 1 && t->dtype != CLLM_DTYPE_F32) {
+        /* Vectors (norms, biases) are read elementwise by the ops: widen them once. */
+        float *f = cllm_malloc_array((size_t)t->ne[0], sizeof *f);
+        if (!f)
+            return CLLM_ERR_NOMEM;
+        if (!cllm_dequant_row(t->dtype, t->data, f, t->ne[0])) {
+            free(f);
+            return cllm_fail(err, err_len, CLLM_ERR_FORMAT, "tensor %s: cannot convert %s",
+                             t->name, cllm_dtype_name(t->dtype));
+        }
+        w->data = f;
+        w->dtype = CLLM_DTYPE_F32;
+    }
+    return CLLM_OK;
+}
+
+static void cpu_weight_free(struct cllm_backend *be, struct cllm_weight *w)
+{
+    (void)be;
+    if (w->host && w->data && w->data != w->host->data)
+        free((void *)w->data);
+    memset(w, 0, sizeof *w);
+}
+
+/* --- embed --- */
+
+struct embed_job {
+    const struct cllm_weight *w;
+    const int32_t *tokens;
+    int32_t n;
+    uint64_t row_bytes;
+    float *out;
+};
+
+static void embed_task(void *arg, int ith, int nth)
+{
+    struct embed_job *j = arg;
+    int64_t s, e;
+    cllm_split_rows(j->n, ith, nth, &s, &e);
+    for (int64_t i = s; i < e; i++)
+        cllm_dequant_row(j->w->dtype, (const char *)j->w->data + (uint64_t)j->tokens[i] * j->row_bytes,
+                         j->out + i * j->w->ne[0], j->w->ne[0]);
+}
+
+static enum cllm_status cpu_embed(struct cllm_backend *be, const struct cllm_weight *embd,
+                                  const int32_t *tokens, int32_t n, float *out)
+{
+    struct embed_job j = {embd, tokens, n, 0, out};
+    if (!cllm_dtype_row_bytes(embd->dtype, embd->ne[0], &j.row_bytes))
+        return CLLM_ERR_INVALID_ARG;
+    for (int32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= embd->ne[1])
+            return CLLM_ERR_RANGE;
+    run(cpu_of(be), (int64_t)n * embd->ne[0], embed_task, &j);
+    return CLLM_OK;
+}
+
+/* --- rmsnorm, add, add_rmsnorm --- */
+
+struct rows_job {
+    float *res;
+    const float *x;
+    const float *w;
+    float eps;
+    int32_t n, dim;
+    float *out;
+};
+
+static void add_rows(float *res, const float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        res[i] += x[i];
+}
+
+static void norm_task(void *arg, int ith, int nth)
+{
+    struct rows_job *j = arg;
+    int64_t s, e;
+    cllm_split_rows(j->n, ith, nth, &s, &e);
+    for (int64_t r = s; r < e; r++) {
+        const float *x = j->x + r * j->dim;
+        if (j->res) {
+            float *res = j->res + r * j->dim;
+            add_rows(res, x, j->dim);
+            x = res;
+        }
+        if (j->out)
+            cllm_ref_rmsnorm_row(x, j->w, j->eps, j->dim, j->out + r * j->dim);
+    }
+}
+
+static enum cllm_status cpu_rmsnorm(struct cllm_backend *be, const float *x,
+                                    const struct cllm_weight *w, float eps, int32_t n, int32_t dim,
+                                    float *out)
+{
+    struct rows_job j = {NULL, x, w->data, eps, n, dim, out};
+    run(cpu_of(be), (int64_t)n * dim, norm_task, &j);
+    return CLLM_OK;
+}
+
+static enum cllm_status cpu_add_rmsnorm(struct cllm_backend *be, float *res, const float *x,
+                                        const struct cllm_weight *w, float eps, int32_t n,
+                                        int32_t dim, float *out)
+{
+    struct rows_job j = {res, x, w->data, eps, n, dim, out};
+    run(cpu_of(be), (int64_t)n * dim, norm_task, &j);
+    return CLLM_OK;
+}
+
+static enum cllm_status cpu_add(struct cllm_backend *be, float *res, const float *x, int32_t n,
+                                int32_t dim)
+{
+    struct rows_job j = {res, x, NULL, 0.0f, n, dim, NULL};
+    run(cpu_of(be), (int64_t)n * dim, norm_task, &j);
+    return CLLM_OK;
+}
+
+/* --- matmul --- */
+
+static enum cllm_status cpu_matmul(struct cllm_backend *be, const struct cllm_weight *w,
+                                   const struct cllm_weight *bias, const float *x, int32_t n,
+                                   float *y, int32_t ldy)
+{
+    struct cpu *c = cpu_of(be);
+    size_t need = cllm_cpu_matmul_scratch_size(w->dtype, w->ne[0], n);
+    if (need > c->scratch_size) {
+        void *p = NULL;
+        if (cpu_alloc(be, need, &p))
+            return CLLM_ERR_NOMEM;
+        free(c->scratch);
+        c->scratch = p;
+        c->scratch_size = need;
+    }
+    enum cllm_status st = cllm_cpu_matmul(c->tp, w->host, x, n, y, ldy, c->scratch, c->scratch_size);
+    if (st || !bias)
+        return st;
+    const float *b = bias->data;
+    for (int32_t t = 0; t < n; t++)
+        add_rows(y + (int64_t)t * ldy, b, w->ne[1]);
+    return CLLM_OK;
+}
+
+/* --- rope + KV store --- */
+
+/* Grows the cos/sin table to cover positions [0, max_pos]. */
+static enum cllm_status rope_table(struct cpu *c, const struct cllm_rope *rope, int32_t max_pos)
+{
+    int32_t half = rope->head_dim / 2;
+    if (c->rope_for.theta != rope->theta || c->rope_for.head_dim != rope->head_dim)
+        c->rope_positions = 0;
+    if (max_pos < c->rope_positions)
+        return CLLM_OK;
+    int32_t cap = c->rope_positions ? c->rope_positions : 256;
+    while (cap <= max_pos)
+        cap *= 2;
+    float *cs = cllm_realloc_array(c->rope_cos, (size_t)cap * (size_t)half, sizeof *cs);
+    if (!cs)
+        return CLLM_ERR_NOMEM;
+    c->rope_cos = cs;
+    float *sn = cllm_realloc_array(c->rope_sin, (size_t)cap * (size_t)half, sizeof *sn);
+    if (!sn)
+        return CLLM_ERR_NOMEM;
+    c->rope_sin = sn;
+    for (int32_t p = c->rope_positions; p < cap; p++)
+        cllm_ref_rope_cos_sin(rope, p, cs + (int64_t)p * half, sn + (int64_t)p * half);
+    c->rope_positions = cap;
+    c->rope_for = *rope;
+    return CLLM_OK;
+}
+
+struct rope_job {
+    struct cpu *c;
+    const struct cllm_attn_batch *b;
+    float *q, *k;
+    const float *v;
+    int32_t n_head, n_kv, head_dim;
+    float *k_cache, *v_cache;
+};
+
+static void rope_task(void *arg, int ith, int nth)
+{
+    struct rope_job *j = arg;
+    int32_t hd = j->head_dim, half = hd / 2;
+    int64_t s, e;
+    cllm_split_rows(j->b->n_tokens, ith, nth, &s, &e);
+    for (int64_t t = s; t < e; t++) {
+        const float *cs = j->c->rope_cos + (int64_t)j->b->pos[t] * half;
+        const float *sn = j->c->rope_sin + (int64_t)j->b->pos[t] * half;
+        for (int32_t h = 0; h < j->n_head; h++)
+            cllm_ref_rope_apply(j->q + (t * j->n_head + h) * hd, cs, sn, hd);
+        size_t kv_bytes = (size_t)j->n_kv * (size_t)hd * sizeof(float);
+        for (int32_t h = 0; h < j->n_kv; h++)
+            cllm_ref_rope_apply(j->k + (t * j->n_kv + h) * hd, cs, sn, hd);
+        int64_t slot = j->b->slot[t];
+        memcpy(j->k_cache + slot * j->n_kv * hd, j->k + t * j->n_kv * hd, kv_bytes);
+        memcpy(j->v_cache + slot * j->n_kv * hd, j->v + t * j->n_kv * hd, kv_bytes);
+    }
+}
+
+static enum cllm_status cpu_rope_store_kv(struct cllm_backend *be, const struct cllm_rope *rope,
+                                          const struct cllm_attn_batch *b, float *q, float *k,
+                                          const float *v, int32_t n_head, int32_t n_kv,
+                                          float *k_cache, float *v_cache)
+{
+    struct cpu *c = cpu_of(be);
+    int32_t max_pos = 0;
+    for (int32_t t = 0; t < b->n_tokens; t++) {
+        if (b->pos[t] < 0)
+            return CLLM_ERR_RANGE;
+        if (b->pos[t] > max_pos)
+            max_pos = b->pos[t];
+    }
+    enum cllm_status st = rope_table(c, rope, max_pos);
+    if (st)
+        return st;
+    struct rope_job j = {c, b, q, k, v, n_head, n_kv, rope->head_dim, k_cache, v_cache};
+    run(c, (int64_t)b->n_tokens * (n_head + n_kv) * rope->head_dim, rope_task, &j);
+    return CLLM_OK;
+}
+
+/* --- attention --- */
+
+struct attn_job {
+    const struct cllm_attn_batch *b;
+    const float *q, *k_cache, *v_cache;
+    int32_t n_head, n_kv, head_dim;
+    float scale;
+    float *out;
+};
+
+#define MAX_GROUP 64 /* query heads per KV head handled together */
+
+/* One token, one KV head and the query heads that share it: a single pass over the positions
+ * with an online softmax, so each K/V row is read once for the whole group. */
+static void attend_group(const struct attn_job *j, int32_t t, int32_t kvh)
+{
+    const struct cllm_attn_batch *b = j->b;
+    int32_t hd = j->head_dim, group = j->n_head / j->n_kv, n_pos = b->pos[t] + 1;
+    float m[MAX_GROUP], l[MAX_GROUP];
+    const float *q[MAX_GROUP];
+    float *o[MAX_GROUP];
+    for (int32_t g = 0; g < group; g++) {
+        int32_t h = kvh * group + g;
+        q[g] = j->q + ((int64_t)t * j->n_head + h) * hd;
+        o[g] = j->out + ((int64_t)t * j->n_head + h) * hd;
+        memset(o[g], 0, (size_t)hd * sizeof(float));
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+    }
+    const int32_t *table = b->block_table + (int64_t)b->seq[t] * b->max_blocks;
+    for (int32_t p = 0; p < n_pos; p++) {
+        int64_t slot = (int64_t)table[p / b->block_size] * b->block_size + p % b->block_size;
+        const float *k = j->k_cache + (slot * j->n_kv + kvh) * hd;
+        const float *v = j->v_cache + (slot * j->n_kv + kvh) * hd;
+        for (int32_t g = 0; g < group; g++) {
+            float acc[8] = {0};
+            int32_t i = 0;
+            for (; i + 8 <= hd; i += 8)
+                for (int u = 0; u < 8; u++)
+                    acc[u] += q[g][i + u] * k[i + u];
+            float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+            for (; i < hd; i++)
+                s += q[g][i] * k[i];
+            s *= j->scale;
+            float m_new = s > m[g] ? s : m[g];
+            float corr = expf(m[g] - m_new), w = expf(s - m_new);
+            l[g] = l[g] * corr + w;
+            m[g] = m_new;
+            float *og = o[g];
+            for (int32_t d = 0; d < hd; d++)
+                og[d] = og[d] * corr + w * v[d];
+        }
+    }
+    for (int32_t g = 0; g < group; g++) {
+        float inv = 1.0f / l[g];
+        for (int32_t d = 0; d < hd; d++)
+            o[g][d] *= inv;
+    }
+}
+
+static void attn_task(void *arg, int ith, int nth)
+{
+    struct attn_job *j = arg;
+    int64_t s, e;
+    cllm_split_rows((int64_t)j->b->n_tokens * j->n_kv, ith, nth, &s, &e);
+    for (int64_t i = s; i < e; i++)
+        attend_group(j, (int32_t)(i / j->n_kv), (int32_t)(i % j->n_kv));
+}
+
+static enum cllm_status cpu_attention(struct cllm_backend *be, const struct cllm_attn_batch *b,
+                                      const float *q, const float *k_cache, const float *v_cache,
+                                      int32_t n_head, int32_t n_kv, int32_t head_dim, float scale,
+                                      float *out)
+{
+    if (n_kv <= 0 || n_head % n_kv != 0 || n_head / n_kv > MAX_GROUP)
+        return CLLM_ERR_INVALID_ARG;
+    struct attn_job j = {b, q, k_cache, v_cache, n_head, n_kv, head_dim, scale, out};
+    /* Work grows with context length, so always split unless there is only one group. */
+    cllm_threadpool_run((int64_t)b->n_tokens * n_kv > 1 ? cpu_of(be)->tp : NULL, attn_task, &j);
+    return CLLM_OK;
+}
+
+/* --- silu_mul, gather --- */
+
+struct ew_job {
+    const float *a, *b;
+    int64_t n;
+    float *out;
+};
+
+static void silu_task(void *arg, int ith, int nth)
+{
+    struct ew_job *j = arg;
+    int64_t s, e;
+    cllm_split_rows(j->n, ith, nth, &s, &e);
+    cllm_ref_silu_mul(j->a + s, j->b + s, e - s, j->out + s);
+}
+
+static enum cllm_status cpu_silu_mul(struct cllm_backend *be, const float *gate, const float *up,
+                                     int32_t n, int32_t dim, float *out)
+{
+    struct ew_job j = {gate, up, (int64_t)n * dim, out};
+    run(cpu_of(be), j.n, silu_task, &j);
+    return CLLM_OK;
+}
+
+static enum cllm_status cpu_gather_rows(struct cllm_backend *be, const float *x,
+                                        const int32_t *idx, int32_t n_idx, int32_t dim, float *out)
+{
+    (void)be;
+    for (int32_t i = 0; i < n_idx; i++)
+        memmove(out + (int64_t)i * dim, x + (int64_t)idx[i] * dim, (size_t)dim * sizeof(float));
+    return CLLM_OK;
+}
+
+static enum cllm_status cpu_sync(struct cllm_backend *be)
+{
+    (void)be;
+    return CLLM_OK;
+}
+
+static const struct cllm_backend_iface cpu_iface = {
+    .name = "cpu",
+    .free = cpu_free,
+    .alloc = cpu_alloc,
+    .dealloc = cpu_dealloc,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .weight_init = cpu_weight_init,
+    .weight_free = cpu_weight_free,
+    .embed = cpu_embed,
+    .rmsnorm = cpu_rmsnorm,
+    .add_rmsnorm = cpu_add_rmsnorm,
+    .add = cpu_add,
+    .matmul = cpu_matmul,
+    .rope_store_kv = cpu_rope_store_kv,
+    .attention = cpu_attention,
+    .silu_mul = cpu_silu_mul,
+    .gather_rows = cpu_gather_rows,
+    .sync = cpu_sync,
+};
+
+enum cllm_status cllm_backend_cpu_new(struct cllm_backend **out, int32_t n_threads, char *err,
+                                      size_t err_len)
+{
+    *out = NULL;
+    if (n_threads <= 0)
+        n_threads = cllm_cpu_physical_cores();
+    if (n_threads > 256)
+        return cllm_fail(err, err_len, CLLM_ERR_INVALID_ARG, "--threads %d is too many (max 256)",
+                         (int)n_threads);
+    struct cpu *c = calloc(1, sizeof *c);
+    if (!c)
+        return cllm_fail(err, err_len, CLLM_ERR_NOMEM, "out of memory");
+    enum cllm_status st = cllm_threadpool_new(&c->tp, n_threads);
+    if (st) {
+        free(c);
+        return cllm_fail(err, err_len, st, "cannot start %d threads", (int)n_threads);
+    }
+    c->be.iface = &cpu_iface;
+    c->be.ctx = c;
+    *out = &c->be;
+    return CLLM_OK;
+}

@@ -1,0 +1,189 @@
+/*
+ * The matmul driver: validates shapes, quantizes the activations once per call into scratch
+ * (split over threads by blocks), then splits the output rows N into one contiguous chunk per
+ * thread. Each thread walks its rows in cache-sized chunks and, for each weight row, runs the
+ * kernel on tiles of CLLM_MM_TILE tokens, so a weight block is decoded once per tile (GEMM, not
+ * repeated GEMV). Every output element is computed by exactly one kernel call whose arithmetic
+ * for a token does not depend on the other tokens of the tile, nor on the thread count.
+ */
+#include "backend/cpu/matmul.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "backend/cpu/quant_dot.h"
+#include "core/alloc.h"
+
+/* Weight bytes of one row chunk: stays in L1/L2 while every token tile passes over it. */
+#define ROW_CHUNK_BYTES (16u << 10)
+/* Activation bytes of one token chunk: stays in L2 while the row chunks of a thread pass. */
+#define TOKEN_CHUNK_BYTES (192u << 10)
+/* Below this many activations, quantizing on the caller beats waking the pool. */
+#define QUANT_SERIAL_ELEMS 32768
+
+static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
+static const struct cllm_matmul_kernels *best_kernels;
+static atomic_bool force_scalar;
+
+static void detect(void)
+{
+    best_kernels = cllm_matmul_kernels_scalar();
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
+        best_kernels = cllm_matmul_kernels_avx2();
+#endif
+}
+
+static const struct cllm_matmul_kernels *kernels(void)
+{
+    pthread_once(&detect_once, detect);
+    return atomic_load(&force_scalar) ? cllm_matmul_kernels_scalar() : best_kernels;
+}
+
+const char *cllm_cpu_matmul_isa(void)
+{
+    return kernels()->isa;
+}
+
+void cllm_cpu_matmul_force_scalar(bool on)
+{
+    atomic_store(&force_scalar, on);
+}
+
+size_t cllm_cpu_matmul_scratch_size(enum cllm_dtype wtype, int64_t K, int64_t n_tokens)
+{
+    const struct cllm_dtype_traits *tr = cllm_dtype_traits(wtype);
+    enum cllm_act_kind kind = cllm_act_kind_of(wtype);
+    size_t stride, off_d, off_sums;
+    uint64_t bytes;
+    if (!tr || kind == CLLM_ACT_F32 || n_tokens <= 0 ||
+        !cllm_act_row_layout(kind, K, &stride, &off_d, &off_sums))
+        return 0;
+    /* + 64: room to align the caller's buffer */
+    if (!cllm_mul_u64(stride, (uint64_t)n_tokens, &bytes) || !cllm_add_u64(bytes, 64, &bytes) ||
+        bytes > SIZE_MAX)
+        return 0;
+    return (size_t)bytes;
+}
+
+struct mm_job {
+    cllm_dot_fn dot;
+    cllm_quant_fn quant;
+    const uint8_t *w;           /* [N][row_bytes] */
+    size_t row_bytes;
+    int64_t K, N, n_tokens;
+    const float *x;             /* [n_tokens][K] */
+    float *y;                   /* [n_tokens][ldy] */
+    int64_t ldy;
+    uint8_t *act;               /* quantized rows [n_tokens][act.stride], or NULL for F32 */
+    struct cllm_act_view view;  /* token 0 of the activations the kernels read */
+    int64_t B, G;               /* activation block and group sizes */
+    int64_t row_chunk, token_chunk;
+};
+
+/* Quantizes the activation blocks [u0, u1) of the flattened [n_tokens][K / B] block grid. */
+static void quant_task(void *ctx, int ith, int nth)
+{
+    const struct mm_job *j = ctx;
+    const int64_t nbk = j->K / j->B;
+    int64_t u, u1;
+    cllm_split_rows(j->n_tokens * nbk, ith, nth, &u, &u1);
+    while (u < u1) {
+        const int64_t t = u / nbk, b = u % nbk;
+        const int64_t n = nbk - b < u1 - u ? nbk - b : u1 - u;
+        uint8_t *row = j->act + (size_t)t * j->view.stride;
+        j->quant(j->x + t * j->K + b * j->B, n, (int8_t *)row + b * j->B,
+                 (float *)(void *)(row + j->view.off_d) + b,
+                 (int16_t *)(void *)(row + j->view.off_sums) + b * (j->B / j->G));
+        u += n;
+    }
+}
+
+static void dot_task(void *ctx, int ith, int nth)
+{
+    const struct mm_job *j = ctx;
+    int64_t r0, r1;
+    cllm_split_rows(j->N, ith, nth, &r0, &r1);
+    for (int64_t t0 = 0; t0 < j->n_tokens; t0 += j->token_chunk) {
+        const int64_t t1 = t0 + j->token_chunk < j->n_tokens ? t0 + j->token_chunk : j->n_tokens;
+        for (int64_t rb = r0; rb < r1; rb += j->row_chunk) {
+            const int64_t re = rb + j->row_chunk < r1 ? rb + j->row_chunk : r1;
+            for (int64_t tt = t0; tt < t1; tt += CLLM_MM_TILE) {
+                const int nt = (int)(t1 - tt < CLLM_MM_TILE ? t1 - tt : CLLM_MM_TILE);
+                struct cllm_act_view v = j->view;
+                v.base += (size_t)tt * v.stride;
+                float *y = j->y + tt * j->ldy;
+                for (int64_t r = rb; r < re; r++)
+                    j->dot(j->w + (size_t)r * j->row_bytes, j->K, &v, nt, y + r, j->ldy);
+            }
+        }
+    }
+}
+
+enum cllm_status cllm_cpu_matmul(struct cllm_threadpool *tp, const struct cllm_tensor *w,
+                                 const float *x, int64_t n_tokens, float *y, int64_t ldy,
+                                 void *scratch, size_t scratch_size)
+{
+    if (!w || !x || !y || n_tokens < 0)
+        return CLLM_ERR_INVALID_ARG;
+    const struct cllm_dtype_traits *tr = cllm_dtype_traits(w->dtype);
+    const int64_t K = w->ne[0], N = w->ne[1];
+    uint64_t row_bytes, total, last;
+    if (!tr || !w->data || K <= 0 || N <= 0 || w->ne[2] != 1 || w->ne[3] != 1 ||
+        K % tr->block_size != 0 || !cllm_dtype_row_bytes(w->dtype, K, &row_bytes) ||
+        !cllm_mul_u64(row_bytes, (uint64_t)N, &total) || total > w->nbytes || ldy < N)
+        return CLLM_ERR_INVALID_ARG;
+    if (n_tokens == 0)
+        return CLLM_OK;
+    /* The last element of y and x must be addressable. */
+    if (!cllm_mul_u64((uint64_t)(n_tokens - 1), (uint64_t)ldy, &last) ||
+        !cllm_add_u64(last, (uint64_t)N, &last) || last > (uint64_t)INT64_MAX ||
+        !cllm_mul_u64((uint64_t)n_tokens, (uint64_t)K, &last) || last > SIZE_MAX / sizeof(float))
+        return CLLM_ERR_INVALID_ARG;
+
+    const struct cllm_matmul_kernels *k = kernels();
+    const enum cllm_act_kind kind = cllm_act_kind_of(w->dtype);
+    struct mm_job j = {
+        .dot = k->dot[w->dtype],
+        .quant = k->quant[kind],
+        .w = w->data,
+        .row_bytes = (size_t)row_bytes,
+        .K = K,
+        .N = N,
+        .n_tokens = n_tokens,
+        .x = x,
+        .y = y,
+        .ldy = ldy,
+    };
+    if (!j.dot)
+        return CLLM_ERR_INVALID_ARG;
+    if (kind == CLLM_ACT_F32) {
+        j.view = (struct cllm_act_view){(const uint8_t *)x, (size_t)K * sizeof(float), 0, 0};
+    } else {
+        const size_t need = cllm_cpu_matmul_scratch_size(w->dtype, K, n_tokens);
+        if (!need || !scratch || scratch_size < need || !j.quant)
+            return CLLM_ERR_INVALID_ARG;
+        cllm_act_row_layout(kind, K, &j.view.stride, &j.view.off_d, &j.view.off_sums);
+        j.act = (uint8_t *)(((uintptr_t)scratch + 63u) & ~(uintptr_t)63u);
+        j.view.base = j.act;
+        j.B = cllm_act_block(kind);
+        j.G = cllm_act_group(kind);
+    }
+    j.row_chunk = (int64_t)(ROW_CHUNK_BYTES / j.row_bytes);
+    if (j.row_chunk < 1)
+        j.row_chunk = 1;
+    j.token_chunk = (int64_t)(TOKEN_CHUNK_BYTES / j.view.stride) / CLLM_MM_TILE * CLLM_MM_TILE;
+    if (j.token_chunk < CLLM_MM_TILE)
+        j.token_chunk = CLLM_MM_TILE;
+
+    if (j.act) {
+        if (n_tokens * K <= QUANT_SERIAL_ELEMS)
+            quant_task(&j, 0, 1);
+        else
+            cllm_threadpool_run(tp, quant_task, &j);
+    }
+    cllm_threadpool_run(tp, dot_task, &j);
+    return CLLM_OK;
+}

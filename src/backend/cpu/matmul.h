@@ -1,0 +1,42 @@
+/*
+ * CPU matrix multiplication: y = x * W^T for weights of any dtype of dtype.h, the hot path of
+ * inference. Quantized weights are multiplied with activations quantized to 8 bits once per
+ * call (Q8_K-style 256-blocks for K-quants, Q8_0-style 32-blocks for legacy types); float
+ * weights (F32/F16/BF16) with f32 activations and f32 accumulation in a fixed order.
+ * Results depend neither on the thread count nor on the batch: a token's row is bit-identical
+ * whether it is computed alone or with others. Kernels are chosen once, at first use, by CPU
+ * feature detection (AVX2+FMA+F16C, else portable scalar code).
+ */
+#ifndef CLLM_BACKEND_CPU_MATMUL_H
+#define CLLM_BACKEND_CPU_MATMUL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/cpu/threadpool.h"
+#include "cllm.h"
+#include "tensor/tensor.h"
+
+/* Bytes of scratch cllm_cpu_matmul needs for n_tokens rows of K activations against weights of
+ * type wtype (0 for float weights); 0 also for arguments cllm_cpu_matmul would reject. */
+size_t cllm_cpu_matmul_scratch_size(enum cllm_dtype wtype, int64_t K, int64_t n_tokens);
+
+/*
+ * y[t][n] = sum_k w[n][k] * x[t][k] for t < n_tokens, n < N, where w is a weight tensor with
+ * ne = {K, N} (rows of K elements, any dtype of dtype.h), x is F32 [n_tokens][K] (row stride K),
+ * y is F32 [n_tokens][ldy] with ldy >= N. Work is split over the pool's threads (tp may be NULL:
+ * the caller alone). scratch: at least cllm_cpu_matmul_scratch_size bytes, any alignment.
+ * CLLM_ERR_INVALID_ARG for a bad shape or dtype, K not a multiple of the block size, a tensor
+ * shorter than its shape, or too little scratch; n_tokens == 0 does nothing.
+ */
+enum cllm_status cllm_cpu_matmul(struct cllm_threadpool *tp, const struct cllm_tensor *w,
+                                 const float *x, int64_t n_tokens, float *y, int64_t ldy,
+                                 void *scratch, size_t scratch_size);
+
+/* Which kernel family runs ("avx2", "scalar"), for logs. */
+const char *cllm_cpu_matmul_isa(void);
+/* Forces the scalar kernels (for tests); not to be called while a matmul runs. */
+void cllm_cpu_matmul_force_scalar(bool on);
+
+#endif

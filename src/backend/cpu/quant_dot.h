@@ -1,0 +1,177 @@
+/*
+ * Internal contract between the matmul driver (matmul.c) and its kernels (dot_ref.c, the scalar
+ * reference; dot_avx2.c): the layout of quantized activation rows, the kernel signatures and
+ * the per-ISA kernel table.
+ *
+ * Quantized activation row of K elements (struct of arrays, so the quants stay 32-byte aligned):
+ *   int8_t  qs[K]          x[k] ~= d[k / B] * qs[k], qs in [-127, 127], rounded to nearest even
+ *   float   d[K / B]       block scales: amax / 127 of the block
+ *   int16_t sums[K / G]    sums of qs over groups of G consecutive elements
+ * padded to 64 bytes. Q8_0-style (for legacy weights): B = G = 32. Q8_K-style (K-quant weights):
+ * B = 256, G = 16.
+ */
+#ifndef CLLM_BACKEND_CPU_QUANT_DOT_H
+#define CLLM_BACKEND_CPU_QUANT_DOT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "tensor/dtype.h"
+
+/* Tokens per kernel call: each weight block is decoded once and used for this many tokens. */
+#define CLLM_MM_TILE 4
+
+enum cllm_act_kind {
+    CLLM_ACT_F32,  /* F32/F16/BF16 weights: activations stay f32 */
+    CLLM_ACT_Q8_0, /* legacy 32-blocks: B = G = 32 */
+    CLLM_ACT_Q8_K, /* K-quants: B = 256, G = 16 */
+};
+
+/* Which activation format a weight dtype is multiplied with. */
+static inline enum cllm_act_kind cllm_act_kind_of(enum cllm_dtype t)
+{
+    switch (t) {
+    case CLLM_DTYPE_Q8_0:
+    case CLLM_DTYPE_Q4_0:
+    case CLLM_DTYPE_Q4_1:
+    case CLLM_DTYPE_Q5_0:
+    case CLLM_DTYPE_Q5_1:
+        return CLLM_ACT_Q8_0;
+    case CLLM_DTYPE_Q4_K:
+    case CLLM_DTYPE_Q5_K:
+    case CLLM_DTYPE_Q6_K:
+        return CLLM_ACT_Q8_K;
+    default:
+        return CLLM_ACT_F32;
+    }
+}
+
+/* Elements per scale (B) and per sum (G) of a quantized activation format. */
+static inline int64_t cllm_act_block(enum cllm_act_kind k)
+{
+    return k == CLLM_ACT_Q8_K ? 256 : 32;
+}
+static inline int64_t cllm_act_group(enum cllm_act_kind k)
+{
+    return k == CLLM_ACT_Q8_K ? 16 : 32;
+}
+
+/* A tile of activation rows as the kernels see it. Token t's row starts at base + t * stride;
+ * for F32 it is K floats, for quantized kinds the layout above with d[] at byte off_d and
+ * sums[] at byte off_sums. */
+struct cllm_act_view {
+    const uint8_t *base;
+    size_t stride;
+    size_t off_d;
+    size_t off_sums;
+};
+
+/*
+ * y[t * ldy] = dot(weight row w, activation row t) for t < nt (1 <= nt <= CLLM_MM_TILE); K is
+ * a multiple of the weight's block size. Each token's result is computed by the same sequence
+ * of operations whatever nt is (batch invariance). For quantized types the integer part of each
+ * block is exact and the float part is, per block b and per token:
+ *     acc = acc + (dx[b] * dw) * (float)isum          (acc starts at 0.0f)
+ * (plus acc = acc - (dx * dmin) * (float)msum for Q4_K/Q5_K, acc = acc + (dx * m) * (float)sx
+ * for Q4_1/Q5_1), with no FMA contraction, so scalar and AVX2 kernels agree bit for bit.
+ * Float weights: two 8-lane accumulators over 16-element steps (see dot_ref.c); the AVX2 kernel
+ * uses FMA, the scalar one does not, so they agree to rounding.
+ */
+typedef void (*cllm_dot_fn)(const void *w, int64_t K, const struct cllm_act_view *a, int nt,
+                            float *y, int64_t ldy);
+
+/* Quantizes nb consecutive blocks of x (nb * B floats) into qs[nb * B], d[nb], sums[nb * B / G].
+ * Scalar and AVX2 quantizers produce identical bytes. */
+typedef void (*cllm_quant_fn)(const float *x, int64_t nb, int8_t *qs, float *d, int16_t *sums);
+
+struct cllm_matmul_kernels {
+    const char *isa;                 /* "scalar", "avx2" */
+    cllm_quant_fn quant[3];          /* by enum cllm_act_kind; [CLLM_ACT_F32] unused */
+    cllm_dot_fn dot[CLLM_DTYPE_COUNT]; /* by weight dtype */
+};
+
+/* Per-token pointers of a tile: tokens past nt alias token 0 so SIMD code may read them. */
+struct cllm_act_tile {
+    const int8_t *qs[CLLM_MM_TILE];
+    const float *d[CLLM_MM_TILE];
+    const int16_t *sums[CLLM_MM_TILE];
+};
+
+static inline void cllm_act_tile_init(struct cllm_act_tile *tk, const struct cllm_act_view *a,
+                                      int nt)
+{
+    for (int t = 0; t < CLLM_MM_TILE; t++) {
+        const uint8_t *row = a->base + (size_t)(t < nt ? t : 0) * a->stride;
+        tk->qs[t] = (const int8_t *)row;
+        tk->d[t] = (const float *)(const void *)(row + a->off_d);
+        tk->sums[t] = (const int16_t *)(const void *)(row + a->off_sums);
+    }
+}
+
+/* The scale d (x ~= d * q) and inverse scale of a block whose largest magnitude is amax. Blocks
+ * below 1e-30 (or NaN) become zero, so 127 / amax never overflows. */
+static inline float cllm_q8_inv_scale(float amax, float *d)
+{
+    if (!(amax >= 1e-30f)) {
+        *d = 0.0f;
+        return 0.0f;
+    }
+    *d = amax / 127.0f;
+    return 127.0f / amax;
+}
+
+/* sums[g] = sum of qs[g * G .. g * G + G - 1] for g < n / G. */
+static inline void cllm_q8_group_sums(const int8_t *qs, int64_t n, int G, int16_t *sums)
+{
+    for (int64_t g = 0; g < n / G; g++) {
+        int s = 0;
+        for (int i = 0; i < G; i++)
+            s += qs[g * G + i];
+        sums[g] = (int16_t)s;
+    }
+}
+
+/* The 12 scale bytes of Q4_K / Q5_K as 8 six-bit scales sc[] and 8 six-bit minimums m[]
+ * (layout in tensor/dequant.c), unpacked four at a time in 32-bit words. */
+static inline void cllm_k_scales_unpack(const uint8_t s[12], uint8_t sc[8], uint8_t m[8])
+{
+    uint32_t a, b, c;
+    memcpy(&a, s, 4);
+    memcpy(&b, s + 4, 4);
+    memcpy(&c, s + 8, 4);
+    const uint32_t v[4] = {
+        a & 0x3f3f3f3fu,
+        (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u),
+        b & 0x3f3f3f3fu,
+        ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u),
+    };
+    memcpy(sc, v, 8);
+    memcpy(m, v + 2, 8);
+}
+
+const struct cllm_matmul_kernels *cllm_matmul_kernels_scalar(void);
+#if defined(__x86_64__) || defined(__i386__)
+/* Only to be used after a run-time check for AVX2 + FMA + F16C. */
+const struct cllm_matmul_kernels *cllm_matmul_kernels_avx2(void);
+#endif
+
+/* Bytes of one quantized activation row (64-byte multiple) and the offsets of d[] and sums[];
+ * false if K is not a positive multiple of the block size or the size overflows. */
+static inline bool cllm_act_row_layout(enum cllm_act_kind k, int64_t K, size_t *stride,
+                                       size_t *off_d, size_t *off_sums)
+{
+    const int64_t B = cllm_act_block(k), G = cllm_act_group(k);
+    if (K <= 0 || K % B != 0 || K > (int64_t)1 << 40)
+        return false;
+    uint64_t od = (uint64_t)K;
+    uint64_t os = od + 4u * (uint64_t)(K / B);
+    uint64_t end = os + 2u * (uint64_t)(K / G);
+    *off_d = (size_t)od;
+    *off_sums = (size_t)os;
+    *stride = (size_t)((end + 63u) & ~(uint64_t)63u);
+    return true;
+}
+
+#endif

@@ -1,0 +1,445 @@
+/*
+ * The engine thread and its step. Submitters push requests onto `incoming` under `lock`; the
+ * thread moves them into the scheduler, runs a step, and delivers text through each request's
+ * own lock. The model, KV cache and scheduler are touched by the engine thread only.
+ */
+#include "engine/engine.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/log.h"
+#include "core/status.h"
+#include "engine/scheduler.h"
+#include "model/model.h"
+
+struct cllm_engine {
+    const struct cllm_model_files *mf;
+    struct cllm_engine_config cfg;
+    struct cllm_backend *be;
+    struct cllm_model *model;
+    struct cllm_kv_cache kv;
+    struct cllm_scheduler sched;
+    int32_t n_ctx, max_blocks_per_seq, n_vocab;
+
+    /* step arrays, [max_batch_tokens] / [max_seqs][max_blocks_per_seq] */
+    int32_t *tokens, *pos, *seq, *slot, *outputs, *table;
+    float *logits_copy; /* one row of logits for the sampler to scribble on */
+    struct cllm_sched_entry *plan_copy; /* [max_seqs] */
+
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    struct cllm_request *incoming_head, *incoming_tail; /* under lock */
+    int32_t n_incoming;                                 /* under lock */
+    bool stop;                                          /* under lock */
+    uint64_t next_id;                                   /* under lock */
+    struct cllm_engine_stats stats;                     /* under lock */
+};
+
+void cllm_engine_config_default(struct cllm_engine_config *c)
+{
+    memset(c, 0, sizeof *c);
+    c->backend = CLLM_BACKEND_CPU;
+    c->prefix_cache = true;
+}
+
+/* --- per-token output --- */
+
+static bool is_stop_id(const struct cllm_request *r, int32_t token)
+{
+    for (int32_t i = 0; i < r->params.n_stop_ids; i++)
+        if (r->params.stop_ids[i] == token)
+            return true;
+    return false;
+}
+
+/* Decodes the new token, runs stop strings over the text and publishes what is final.
+ * Returns the finish reason, or CLLM_FINISH_NONE to go on. */
+static enum cllm_finish_reason deliver_token(struct cllm_request *r, int32_t token,
+                                             int32_t n_cached)
+{
+    bool eos = is_stop_id(r, token);
+    struct cllm_buf *text = &r->pending;
+    text->len = 0;
+    if (!eos)
+        cllm_detok_stream_push(&r->detok, token, text);
+    bool at_limit = r->n_tokens >= r->max_total;
+    if (eos || at_limit)
+        cllm_detok_stream_flush(&r->detok, text);
+    struct cllm_stop_out so = {0};
+    cllm_stop_push(r->stop, text->data ? text->data : "", text->len, &so);
+    struct cllm_buf emit = {0};
+    cllm_buf_append(&emit, so.text ? so.text : "", so.len);
+    if (!so.stopped && (eos || at_limit)) {
+        struct cllm_stop_out rest = {0};
+        cllm_stop_flush(r->stop, &rest);
+        cllm_buf_append(&emit, rest.text ? rest.text : "", rest.len);
+    }
+    cllm_request_emit(r, emit.data, emit.len, n_cached);
+    cllm_buf_free(&emit);
+    if (eos || so.stopped)
+        return CLLM_FINISH_STOP;
+    return at_limit ? CLLM_FINISH_LENGTH : CLLM_FINISH_NONE;
+}
+
+static void finish(struct cllm_engine *e, struct cllm_request *r, enum cllm_finish_reason why,
+                   const char *error)
+{
+    cllm_request_finish(r, why, error);
+    cllm_scheduler_remove(&e->sched, r);
+    pthread_mutex_lock(&e->lock);
+    e->stats.requests_finished++;
+    pthread_mutex_unlock(&e->lock);
+}
+
+/* --- the step --- */
+
+static void take_incoming(struct cllm_engine *e)
+{
+    pthread_mutex_lock(&e->lock);
+    struct cllm_request *r = e->incoming_head;
+    e->incoming_head = e->incoming_tail = NULL;
+    e->n_incoming = 0;
+    pthread_mutex_unlock(&e->lock);
+    while (r) {
+        struct cllm_request *next = r->next;
+        r->next = NULL;
+        if (cllm_scheduler_add(&e->sched, r) != CLLM_OK)
+            cllm_request_finish(r, CLLM_FINISH_ERROR, "out of memory queueing the request");
+        cllm_request_release(r); /* the scheduler holds its own reference now */
+        r = next;
+    }
+}
+
+static void drop_cancelled(struct cllm_engine *e)
+{
+    struct cllm_scheduler *s = &e->sched;
+    for (int32_t i = s->n_running - 1; i >= 0; i--)
+        if (cllm_request_cancelled(s->running[i]))
+            finish(e, s->running[i], CLLM_FINISH_CANCELLED, NULL);
+    for (int32_t i = s->n_waiting - 1; i >= 0; i--) {
+        struct cllm_request *r = s->waiting[(s->wait_head + i) % s->wait_cap];
+        if (cllm_request_cancelled(r))
+            finish(e, r, CLLM_FINISH_CANCELLED, NULL);
+    }
+}
+
+/* Lays the plan out as a model step. */
+static void build_step(struct cllm_engine *e, struct cllm_step *st)
+{
+    const struct cllm_plan *p = &e->sched.plan;
+    int32_t n = 0, n_out = 0;
+    for (int32_t j = 0; j < p->n_entries; j++) {
+        const struct cllm_sched_entry *en = &p->entries[j];
+        const struct cllm_request *r = en->req;
+        for (int32_t k = 0; k < en->n_new; k++, n++) {
+            int32_t pos = en->start + k;
+            e->tokens[n] = r->tokens[pos];
+            e->pos[n] = pos;
+            e->seq[n] = j;
+            e->slot[n] = cllm_sched_slot(&e->sched, r, pos);
+        }
+        if (en->sample)
+            e->outputs[n_out++] = n - 1;
+        int32_t *row = e->table + (int64_t)j * e->max_blocks_per_seq;
+        memcpy(row, r->blocks, (size_t)r->n_blocks * sizeof *row);
+        for (int32_t b = r->n_blocks; b < e->max_blocks_per_seq; b++)
+            row[b] = 0; /* never read: positions stop inside the table */
+    }
+    *st = (struct cllm_step){n,          e->tokens, e->pos, e->seq,   e->slot,
+                             e->table,   p->n_entries, e->max_blocks_per_seq, n_out, e->outputs};
+}
+
+static void step(struct cllm_engine *e)
+{
+    struct cllm_scheduler *s = &e->sched;
+    cllm_scheduler_schedule(s);
+    const struct cllm_plan *p = &s->plan;
+    if (p->n_entries == 0)
+        return;
+    struct cllm_step st;
+    build_step(e, &st);
+    const float *logits = NULL;
+    enum cllm_status rc = cllm_model_forward(e->model, &e->kv, &st, &logits);
+    if (rc) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "the forward pass failed: %s", cllm_status_str(rc));
+        cllm_log(CLLM_LOG_ERROR, "%s (%d requests in the step)", msg, (int)p->n_entries);
+        for (int32_t j = p->n_entries - 1; j >= 0; j--)
+            finish(e, p->entries[j].req, CLLM_FINISH_ERROR, msg);
+        return;
+    }
+    cllm_scheduler_update(s);
+    int32_t n_prompt_tokens = 0, n_generated = 0;
+    /* Finishing a request edits the scheduler, so walk a copy of the plan. */
+    struct cllm_sched_entry *done = e->plan_copy;
+    int32_t n_entries = p->n_entries, out = 0;
+    memcpy(done, p->entries, (size_t)n_entries * sizeof done[0]);
+    for (int32_t j = 0; j < n_entries; j++) {
+        struct cllm_request *r = done[j].req;
+        int32_t prompt_part = r->n_prompt - done[j].start;
+        if (prompt_part > 0)
+            n_prompt_tokens += prompt_part < done[j].n_new ? prompt_part : done[j].n_new;
+        if (!done[j].sample)
+            continue;
+        memcpy(e->logits_copy, logits + (int64_t)out++ * e->n_vocab,
+               (size_t)e->n_vocab * sizeof(float));
+        int32_t token = cllm_sampler_sample(r->sampler, e->logits_copy);
+        if (token < 0 || cllm_request_append(r, token) != CLLM_OK) {
+            finish(e, r, CLLM_FINISH_ERROR, "out of memory while sampling");
+            continue;
+        }
+        n_generated++;
+        enum cllm_finish_reason why = deliver_token(r, token, r->n_cached);
+        if (why != CLLM_FINISH_NONE)
+            finish(e, r, why, NULL);
+    }
+    pthread_mutex_lock(&e->lock);
+    e->stats.steps++;
+    e->stats.prompt_tokens += (uint64_t)n_prompt_tokens;
+    e->stats.generated_tokens += (uint64_t)n_generated;
+    pthread_mutex_unlock(&e->lock);
+}
+
+static void publish_stats(struct cllm_engine *e)
+{
+    pthread_mutex_lock(&e->lock);
+    e->stats.running = e->sched.n_running;
+    e->stats.waiting = e->sched.n_waiting + e->n_incoming;
+    e->stats.kv_blocks_used = cllm_block_pool_in_use(&e->sched.pool);
+    e->stats.preemptions = e->sched.n_preemptions;
+    e->stats.prefix_queries = e->sched.pool.prefix_queries;
+    e->stats.prefix_hits = e->sched.pool.prefix_hits;
+    pthread_mutex_unlock(&e->lock);
+}
+
+static void *engine_main(void *arg)
+{
+    struct cllm_engine *e = arg;
+    for (;;) {
+        pthread_mutex_lock(&e->lock);
+        while (!e->stop && !e->incoming_head && e->sched.n_running == 0 && e->sched.n_waiting == 0)
+            pthread_cond_wait(&e->wake, &e->lock);
+        bool stop = e->stop;
+        pthread_mutex_unlock(&e->lock);
+        take_incoming(e);
+        if (stop)
+            break;
+        drop_cancelled(e);
+        step(e);
+        publish_stats(e);
+    }
+    /* Shutting down: everything left is cancelled, so no submitter waits forever. */
+    drop_cancelled(e);
+    while (e->sched.n_running > 0)
+        finish(e, e->sched.running[0], CLLM_FINISH_CANCELLED, "the server is shutting down");
+    while (e->sched.n_waiting > 0)
+        finish(e, e->sched.waiting[e->sched.wait_head], CLLM_FINISH_CANCELLED,
+               "the server is shutting down");
+    publish_stats(e);
+    return NULL;
+}
+
+/* --- setup --- */
+
+/* Room for max_seqs sequences of up to 2048 tokens, capped at 4 GiB, but always at least one
+ * full context. */
+static int64_t default_kv_bytes(int64_t per_token, int32_t max_seqs, int32_t n_ctx)
+{
+    int64_t per_seq = n_ctx < 2048 ? n_ctx : 2048;
+    int64_t want = per_token * per_seq * max_seqs, cap = (int64_t)4 << 30;
+    if (want > cap)
+        want = cap;
+    return want > per_token * n_ctx ? want : per_token * n_ctx;
+}
+
+enum cllm_status cllm_engine_new(struct cllm_engine **out, const struct cllm_model_files *mf,
+                                 const struct cllm_engine_config *c, char *err, size_t err_len)
+{
+    *out = NULL;
+    struct cllm_engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return cllm_fail(err, err_len, CLLM_ERR_NOMEM, "out of memory");
+    e->mf = mf;
+    e->cfg = *c;
+    struct cllm_engine_config *cfg = &e->cfg;
+    if (!cfg->block_size)
+        cfg->block_size = 16;
+    if (!cfg->max_batch_tokens)
+        cfg->max_batch_tokens = 512;
+    if (!cfg->max_seqs)
+        cfg->max_seqs = 256;
+    if (!cfg->max_queue)
+        cfg->max_queue = 4096;
+    if (cfg->max_seqs > cfg->max_batch_tokens)
+        cfg->max_seqs = cfg->max_batch_tokens;
+    pthread_mutex_init(&e->lock, NULL);
+    pthread_cond_init(&e->wake, NULL);
+    enum cllm_status st;
+    struct cllm_backend_options bo = {cfg->backend, cfg->n_threads};
+    if ((st = cllm_backend_new(&e->be, &bo, err, err_len)) ||
+        (st = cllm_model_init(&e->model, mf, e->be, cfg->max_batch_tokens, cfg->max_seqs, err,
+                              err_len)))
+        goto fail;
+    int64_t per_token = (int64_t)cllm_model_kv_bytes_per_token(e->model);
+    e->n_ctx = cfg->n_ctx ? cfg->n_ctx : mf->hp.n_ctx_train;
+    if (e->n_ctx > mf->hp.n_ctx_train)
+        e->n_ctx = mf->hp.n_ctx_train;
+    int64_t kv_bytes = cfg->kv_bytes ? cfg->kv_bytes
+                                     : default_kv_bytes(per_token, cfg->max_seqs, e->n_ctx);
+    int64_t block_bytes = per_token * cfg->block_size;
+    /* The default budget rounds up to whole blocks; an explicit --kv-mem is a ceiling. */
+    int64_t n_blocks = cfg->kv_bytes ? kv_bytes / block_bytes
+                                     : (kv_bytes + block_bytes - 1) / block_bytes;
+    if (n_blocks < 2 || n_blocks > INT32_MAX / cfg->block_size) {
+        st = cllm_fail(err, err_len, CLLM_ERR_RANGE,
+                       "a KV cache of %lld bytes holds %lld blocks of %d tokens; need at least 2",
+                       (long long)kv_bytes, (long long)n_blocks, (int)cfg->block_size);
+        goto fail;
+    }
+    /* One sequence must always fit in the whole cache, or preemption could not make room. */
+    if ((int64_t)e->n_ctx > n_blocks * cfg->block_size)
+        e->n_ctx = (int32_t)(n_blocks * cfg->block_size);
+    e->max_blocks_per_seq = (e->n_ctx + cfg->block_size - 1) / cfg->block_size;
+    e->n_vocab = mf->hp.n_vocab;
+    if ((st = cllm_kv_cache_init(&e->kv, e->model, (int32_t)n_blocks, cfg->block_size, err,
+                                 err_len)) ||
+        (st = cllm_scheduler_init(&e->sched, (int32_t)n_blocks, cfg->block_size,
+                                  cfg->max_batch_tokens, cfg->max_seqs, cfg->prefix_cache))) {
+        if (st == CLLM_ERR_NOMEM)
+            cllm_fail(err, err_len, st, "out of memory for the KV cache (%lld bytes)",
+                      (long long)kv_bytes);
+        goto fail;
+    }
+    size_t T = (size_t)cfg->max_batch_tokens;
+    e->tokens = cllm_malloc_array(T, sizeof(int32_t));
+    e->pos = cllm_malloc_array(T, sizeof(int32_t));
+    e->seq = cllm_malloc_array(T, sizeof(int32_t));
+    e->slot = cllm_malloc_array(T, sizeof(int32_t));
+    e->outputs = cllm_malloc_array(T, sizeof(int32_t));
+    e->table = cllm_malloc_array((size_t)cfg->max_seqs * (size_t)e->max_blocks_per_seq,
+                                 sizeof(int32_t));
+    e->logits_copy = cllm_malloc_array((size_t)e->n_vocab, sizeof(float));
+    e->plan_copy = cllm_malloc_array((size_t)cfg->max_seqs, sizeof *e->plan_copy);
+    if (!e->tokens || !e->pos || !e->seq || !e->slot || !e->outputs || !e->table ||
+        !e->logits_copy || !e->plan_copy) {
+        st = cllm_fail(err, err_len, CLLM_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    e->stats.kv_blocks_total = (int32_t)n_blocks;
+    e->stats.block_size = cfg->block_size;
+    e->stats.n_ctx = e->n_ctx;
+    cllm_log(CLLM_LOG_INFO,
+             "engine: %s backend, KV cache %d blocks x %d tokens (%.0f MiB, %d tokens), context "
+             "%d, %d tokens/step, %d sequences",
+             e->be->iface->name, (int)n_blocks, (int)cfg->block_size,
+             (double)(n_blocks * cfg->block_size * per_token) / (1 << 20),
+             (int)(n_blocks * cfg->block_size), (int)e->n_ctx, (int)cfg->max_batch_tokens,
+             (int)cfg->max_seqs);
+    if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
+        st = cllm_fail(err, err_len, CLLM_ERR_NOMEM, "cannot start the engine thread");
+        goto fail;
+    }
+    *out = e;
+    return CLLM_OK;
+fail:
+    cllm_scheduler_free(&e->sched);
+    if (e->model)
+        cllm_kv_cache_free(&e->kv, e->model);
+    cllm_model_free(e->model);
+    cllm_backend_free(e->be);
+    free(e->tokens), free(e->pos), free(e->seq), free(e->slot), free(e->outputs), free(e->table);
+    free(e->logits_copy);
+    free(e->plan_copy);
+    pthread_mutex_destroy(&e->lock);
+    pthread_cond_destroy(&e->wake);
+    free(e);
+    return st;
+}
+
+void cllm_engine_free(struct cllm_engine *e)
+{
+    if (!e)
+        return;
+    pthread_mutex_lock(&e->lock);
+    e->stop = true;
+    pthread_cond_broadcast(&e->wake);
+    pthread_mutex_unlock(&e->lock);
+    pthread_join(e->thread, NULL);
+    cllm_scheduler_free(&e->sched);
+    cllm_kv_cache_free(&e->kv, e->model);
+    cllm_model_free(e->model);
+    cllm_backend_free(e->be);
+    free(e->tokens), free(e->pos), free(e->seq), free(e->slot), free(e->outputs), free(e->table);
+    free(e->logits_copy);
+    free(e->plan_copy);
+    pthread_mutex_destroy(&e->lock);
+    pthread_cond_destroy(&e->wake);
+    free(e);
+}
+
+enum cllm_status cllm_engine_submit(struct cllm_engine *e, const int32_t *prompt, int32_t n_prompt,
+                                    const struct cllm_request_params *p, struct cllm_request **out,
+                                    char *err, size_t err_len)
+{
+    *out = NULL;
+    pthread_mutex_lock(&e->lock);
+    bool full = e->stats.waiting + e->n_incoming >= e->cfg.max_queue;
+    uint64_t id = ++e->next_id;
+    pthread_mutex_unlock(&e->lock);
+    if (full)
+        return cllm_fail(err, err_len, CLLM_ERR_BUSY, "the queue is full (%d requests waiting)",
+                         (int)e->cfg.max_queue);
+    struct cllm_request *r;
+    enum cllm_status st = cllm_request_new(&r, id, prompt, n_prompt, p, e->mf->tok, e->n_vocab,
+                                           e->n_ctx, err, err_len);
+    if (st)
+        return st;
+    cllm_request_retain(r); /* one for the engine's queue, one for the caller */
+    pthread_mutex_lock(&e->lock);
+    if (e->stop) {
+        pthread_mutex_unlock(&e->lock);
+        cllm_request_release(r);
+        cllm_request_release(r);
+        return cllm_fail(err, err_len, CLLM_ERR_BUSY, "the engine is shutting down");
+    }
+    if (e->incoming_tail)
+        e->incoming_tail->next = r;
+    else
+        e->incoming_head = r;
+    e->incoming_tail = r;
+    e->n_incoming++;
+    pthread_cond_signal(&e->wake);
+    pthread_mutex_unlock(&e->lock);
+    *out = r;
+    return CLLM_OK;
+}
+
+bool cllm_engine_queue_full(struct cllm_engine *e)
+{
+    pthread_mutex_lock(&e->lock);
+    bool full = e->stats.waiting + e->n_incoming >= e->cfg.max_queue;
+    pthread_mutex_unlock(&e->lock);
+    return full;
+}
+
+void cllm_engine_stats(struct cllm_engine *e, struct cllm_engine_stats *s)
+{
+    pthread_mutex_lock(&e->lock);
+    *s = e->stats;
+    pthread_mutex_unlock(&e->lock);
+}
+
+int32_t cllm_engine_n_ctx(const struct cllm_engine *e)
+{
+    return e->n_ctx;
+}
+
+const char *cllm_engine_backend_name(const struct cllm_engine *e)
+{
+    return e->be->iface->name;
+}

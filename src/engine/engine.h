@@ -1,0 +1,66 @@
+/*
+ * The engine: one thread that owns the model, the KV cache and the scheduler, and runs
+ * step() in a loop: schedule -> build the step -> forward -> sample -> update requests.
+ * Any thread may submit requests and poll their output (request.h); the engine never sees
+ * JSON or HTTP. Continuous batching: requests join and leave at every step.
+ */
+#ifndef CLLM_ENGINE_ENGINE_H
+#define CLLM_ENGINE_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "engine/request.h"
+#include "model/model_files.h"
+
+struct cllm_engine_config {
+    enum cllm_backend_kind backend;
+    int32_t n_threads;        /* CPU threads; 0 = physical cores */
+    int32_t n_ctx;            /* max tokens per sequence (prompt + generated); 0 = model's */
+    int64_t kv_bytes;         /* KV cache budget in bytes; 0 = enough for max_seqs x 512 tokens, capped */
+    int32_t block_size;       /* tokens per KV block; 0 = 16 */
+    int32_t max_batch_tokens; /* token budget per step; 0 = 512 */
+    int32_t max_seqs;         /* sequences per step; 0 = 256 */
+    int32_t max_queue;        /* waiting requests accepted at most; 0 = 4096 */
+    bool prefix_cache;        /* share full blocks between requests with equal prefixes */
+};
+
+void cllm_engine_config_default(struct cllm_engine_config *c);
+
+/* Counters for /metrics and the logs (a consistent snapshot). */
+struct cllm_engine_stats {
+    int32_t running, waiting;
+    int32_t kv_blocks_total, kv_blocks_used;
+    int32_t block_size;
+    int32_t n_ctx;
+    uint64_t steps, prompt_tokens, generated_tokens, preemptions;
+    uint64_t prefix_queries, prefix_hits; /* in blocks */
+    uint64_t requests_finished;
+};
+
+struct cllm_engine;
+
+/* Loads the model onto the backend and starts the engine thread. mf is borrowed and must
+ * outlive the engine. */
+enum cllm_status cllm_engine_new(struct cllm_engine **out, const struct cllm_model_files *mf,
+                                 const struct cllm_engine_config *c, char *err, size_t err_len);
+/* Cancels everything still queued or running, stops the thread, frees the engine. */
+void cllm_engine_free(struct cllm_engine *e);
+
+/* Queues a request for prompt token ids. On success *out holds a reference the caller must
+ * release (cllm_request_release). Errors, with err filled: CLLM_ERR_INVALID_ARG (empty
+ * prompt), CLLM_ERR_RANGE (prompt beyond the context window, a bad parameter), CLLM_ERR_BUSY
+ * (max_queue requests are waiting already), CLLM_ERR_NOMEM. */
+enum cllm_status cllm_engine_submit(struct cllm_engine *e, const int32_t *prompt, int32_t n_prompt,
+                                    const struct cllm_request_params *p, struct cllm_request **out,
+                                    char *err, size_t err_len);
+
+/* True if one more request would exceed max_queue. */
+bool cllm_engine_queue_full(struct cllm_engine *e);
+
+void cllm_engine_stats(struct cllm_engine *e, struct cllm_engine_stats *s);
+int32_t cllm_engine_n_ctx(const struct cllm_engine *e);
+const char *cllm_engine_backend_name(const struct cllm_engine *e);
+
+#endif

@@ -1,0 +1,63 @@
+/*
+ * The Qwen2 forward pass over a batch of tokens from any number of sequences (a "step"),
+ * written once against backend ops. Weights come from cllm_model_files; the KV cache is a
+ * pool of fixed-size blocks that each sequence addresses through its block table.
+ */
+#ifndef CLLM_MODEL_MODEL_H
+#define CLLM_MODEL_MODEL_H
+
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "model/model_files.h"
+
+struct cllm_model;
+
+/* The KV cache: per layer, [n_blocks * block_size][n_kv_head][head_dim] F32 for K and for V. */
+struct cllm_kv_cache {
+    int32_t n_layer;
+    int32_t n_blocks;
+    int32_t block_size;
+    float **k; /* [n_layer] device pointers */
+    float **v;
+};
+
+/* One forward step: n_tokens tokens, each with its position, sequence and cache slot. The
+ * tokens of one sequence must be at consecutive positions and every earlier position of the
+ * sequence must already be in the cache (or in this step). */
+struct cllm_step {
+    int32_t n_tokens;
+    const int32_t *tokens;      /* [n_tokens] */
+    const int32_t *pos;         /* [n_tokens] */
+    const int32_t *seq;         /* [n_tokens] row of block_table */
+    const int32_t *slot;        /* [n_tokens] block * block_size + offset */
+    const int32_t *block_table; /* [n_seqs][max_blocks] */
+    int32_t n_seqs;
+    int32_t max_blocks;
+    int32_t n_outputs;          /* tokens whose next-token logits are wanted */
+    const int32_t *outputs;     /* [n_outputs] indices into the step's tokens */
+};
+
+/* Loads the weights onto be (borrowed; must outlive the model) and sizes activation buffers
+ * for steps of up to max_tokens tokens and max_outputs outputs. Checks every tensor first. */
+enum cllm_status cllm_model_init(struct cllm_model **out, const struct cllm_model_files *mf,
+                                 struct cllm_backend *be, int32_t max_tokens, int32_t max_outputs,
+                                 char *err, size_t err_len);
+void cllm_model_free(struct cllm_model *m);
+const struct cllm_hparams *cllm_model_hparams(const struct cllm_model *m);
+int32_t cllm_model_max_tokens(const struct cllm_model *m);
+
+/* Bytes of KV cache one token takes (all layers, K and V). */
+uint64_t cllm_model_kv_bytes_per_token(const struct cllm_model *m);
+enum cllm_status cllm_kv_cache_init(struct cllm_kv_cache *kv, const struct cllm_model *m,
+                                    int32_t n_blocks, int32_t block_size, char *err,
+                                    size_t err_len);
+void cllm_kv_cache_free(struct cllm_kv_cache *kv, const struct cllm_model *m);
+
+/* Runs the step; on success *logits points at [n_outputs][n_vocab] F32 host logits owned by
+ * the model, valid until the next forward. Invalid steps (bad ids, positions, slots, sizes)
+ * return CLLM_ERR_INVALID_ARG / CLLM_ERR_RANGE without touching the cache. */
+enum cllm_status cllm_model_forward(struct cllm_model *m, struct cllm_kv_cache *kv,
+                                    const struct cllm_step *step, const float **logits);
+
+#endif

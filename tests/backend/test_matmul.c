@@ -1,0 +1,465 @@
+/*
+ * The CPU matmul (backend/cpu/matmul.h) on random weights of every dtype at awkward sizes:
+ * AVX2 against scalar kernels (bit-equal for quantized weights, by design; to rounding for float
+ * weights), both against a double-precision reference on the dequantized weights and the
+ * dequantized 8-bit activations (only rounding differs) and, looser, against the unquantized
+ * activations; identical bits for 1, 2 and 3 threads and for a token alone or inside a batch;
+ * the activation quantizer itself; and the error returns.
+ */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "backend/cpu/matmul.h"
+#include "backend/cpu/quant_dot.h"
+#include "core/f16.h"
+#include "tensor/quant.h"
+#include "test.h"
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint64_t rng_u64(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+/* Uniform in [-1, 1). */
+static float rng_f(void)
+{
+    return (float)((double)(rng_u64() >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+/* Roughly normal (sum of uniforms), with occasional outliers as real activations have. */
+static float rng_act(void)
+{
+    float v = (rng_f() + rng_f() + rng_f() + rng_f()) * 0.9f;
+    if (rng_u64() % 97 == 0)
+        v *= 12.0f;
+    return v;
+}
+
+static void put_f16(uint8_t *p, float f)
+{
+    uint16_t h = cllm_f32_to_f16(f);
+    memcpy(p, &h, 2);
+}
+
+/* A sane block scale: magnitude 1e-3 .. 3e-2, either sign. */
+static float rng_scale(void)
+{
+    float m = 1e-3f + 3e-2f * (float)(rng_u64() % 1000) / 1000.0f;
+    return rng_u64() & 1 ? m : -m;
+}
+
+struct wmat {
+    enum cllm_dtype type;
+    int64_t K, N;
+    uint8_t *data;
+    double *deq; /* [N][K] dequantized with cllm_dequant_row */
+    struct cllm_tensor t;
+};
+
+/* Random weights: random bytes for quantized blocks (every bit pattern of quants, 6-bit scales
+ * and high bits), with the f16 scale fields overwritten by sane values. */
+static void wmat_init(struct wmat *m, enum cllm_dtype type, int64_t K, int64_t N)
+{
+    const struct cllm_dtype_traits *tr = cllm_dtype_traits(type);
+    uint64_t row_bytes;
+    cllm_dtype_row_bytes(type, K, &row_bytes);
+    m->type = type;
+    m->K = K;
+    m->N = N;
+    m->data = malloc(row_bytes * N);
+    m->deq = malloc(sizeof(double) * K * N);
+    for (uint64_t i = 0; i < row_bytes * N; i++)
+        m->data[i] = (uint8_t)rng_u64();
+    if (type == CLLM_DTYPE_F32) {
+        for (int64_t i = 0; i < K * N; i++) {
+            float f = rng_f();
+            memcpy(m->data + 4 * i, &f, 4);
+        }
+    } else if (type == CLLM_DTYPE_F16 || type == CLLM_DTYPE_BF16) {
+        for (int64_t i = 0; i < K * N; i++) {
+            uint16_t h = type == CLLM_DTYPE_F16 ? cllm_f32_to_f16(rng_f()) : cllm_f32_to_bf16(rng_f());
+            memcpy(m->data + 2 * i, &h, 2);
+        }
+    } else {
+        const int64_t nblocks = K / tr->block_size * N;
+        for (int64_t b = 0; b < nblocks; b++) {
+            uint8_t *blk = m->data + b * tr->type_size;
+            switch (type) {
+            case CLLM_DTYPE_Q6_K:
+                put_f16(blk + offsetof(struct cllm_block_q6_k, d), rng_scale());
+                break;
+            case CLLM_DTYPE_Q4_K:
+            case CLLM_DTYPE_Q5_K:
+                /* dmin >= 0 as ggml's quantizers make it, scaled so mins and scales balance */
+                put_f16(blk, rng_scale() * 0.1f);
+                put_f16(blk + 2, fabsf(rng_scale()) * 0.1f);
+                break;
+            case CLLM_DTYPE_Q4_1:
+            case CLLM_DTYPE_Q5_1:
+                put_f16(blk, rng_scale());
+                put_f16(blk + 2, rng_scale() * 8.0f);
+                break;
+            default:
+                put_f16(blk, rng_scale());
+                break;
+            }
+        }
+    }
+    float *row = malloc(sizeof(float) * K);
+    for (int64_t n = 0; n < N; n++) {
+        cllm_dequant_row(type, m->data + n * row_bytes, row, K);
+        for (int64_t k = 0; k < K; k++)
+            m->deq[n * K + k] = row[k];
+    }
+    free(row);
+    m->t = (struct cllm_tensor){"w", type, 2, {K, N, 1, 1}, row_bytes * N, m->data};
+}
+
+static void wmat_free(struct wmat *m)
+{
+    free(m->data);
+    free(m->deq);
+}
+
+/* y = matmul with a fresh scratch buffer (offset by 3 bytes: any alignment must work). */
+static enum cllm_status run_mm(struct cllm_threadpool *tp, const struct wmat *m, const float *x,
+                               int64_t nt, float *y, int64_t ldy)
+{
+    size_t ss = cllm_cpu_matmul_scratch_size(m->type, m->K, nt);
+    uint8_t *scratch = malloc(ss + 3);
+    enum cllm_status st = cllm_cpu_matmul(tp, &m->t, x, nt, y, ldy, scratch + 3, ss);
+    free(scratch);
+    return st;
+}
+
+/* The activations as the kernels see them (8-bit quantized for quantized weights) in double,
+ * and the half quantization step of each element (0 for float weights). */
+static void act_reference(enum cllm_dtype type, const float *x, int64_t nt, int64_t K,
+                          double *xq, double *half_step)
+{
+    enum cllm_act_kind kind = cllm_act_kind_of(type);
+    if (kind == CLLM_ACT_F32) {
+        for (int64_t i = 0; i < nt * K; i++) {
+            xq[i] = x[i];
+            half_step[i] = 0.0;
+        }
+        return;
+    }
+    const int64_t B = cllm_act_block(kind), G = cllm_act_group(kind);
+    int8_t *qs = malloc(K);
+    float *d = malloc(sizeof(float) * (K / B));
+    int16_t *sums = malloc(sizeof(int16_t) * (K / G));
+    for (int64_t t = 0; t < nt; t++) {
+        cllm_matmul_kernels_scalar()->quant[kind](x + t * K, K / B, qs, d, sums);
+        for (int64_t k = 0; k < K; k++) {
+            xq[t * K + k] = (double)d[k / B] * qs[k];
+            half_step[t * K + k] = 0.5 * d[k / B];
+        }
+    }
+    free(qs);
+    free(d);
+    free(sums);
+}
+
+static int64_t block_of(enum cllm_dtype type)
+{
+    enum cllm_act_kind kind = cllm_act_kind_of(type);
+    return kind == CLLM_ACT_F32 ? 16 : cllm_act_block(kind);
+}
+
+/* Worst normalized errors seen, per dtype, for the report. */
+static double worst_q[CLLM_DTYPE_COUNT], worst_x[CLLM_DTYPE_COUNT];
+/* Over all shapes of a dtype: squared errors against the unquantized activations, squared
+ * reference values and the predicted squared errors (see main). */
+static double sum_err2[CLLM_DTYPE_COUNT], sum_ref2[CLLM_DTYPE_COUNT], sum_pred2[CLLM_DTYPE_COUNT];
+
+/*
+ * One shape: checks (a) to (d) of the file comment. Bounds:
+ *  - against the quantized-activation reference: the kernels round at most 2 * K / B + 4 times
+ *    in a chain (per block: scale product, int->float, product, accumulate; two terms for types
+ *    with minimums); each rounding is relative 2^-24 of a term no larger than a few times the
+ *    matching sum of |w * x| (the K-quant scale and minimum terms may partly cancel), so
+ *    |y - ref| <= (2 K / B + 8) * 2^-22 * sum |w * xq| (float weights: B = 16 lanes).
+ *  - against the unquantized activations, additionally sum |w| * |x - xq| <= sum |w| * d / 2:
+ *    round-to-nearest moves each activation by at most half its block's step.
+ */
+static void check_shape(struct cllm_threadpool *tp2, struct cllm_threadpool *tp3,
+                        enum cllm_dtype type, int64_t K, int64_t N, int64_t nt, bool avx2)
+{
+    const char *tn = cllm_dtype_name(type);
+    struct wmat m;
+    wmat_init(&m, type, K, N);
+    const int64_t ldy = N + 3;
+    float *x = malloc(sizeof(float) * nt * K);
+    for (int64_t i = 0; i < nt * K; i++)
+        x[i] = rng_act();
+    if (nt > 2) /* an all-zero token and a tiny one */
+        for (int64_t k = 0; k < K; k++) {
+            x[1 * K + k] = 0.0f;
+            x[2 * K + k] *= 1e-20f;
+        }
+    const size_t ysz = sizeof(float) * nt * ldy;
+    float *y_simd = malloc(ysz), *y_ref = malloc(ysz), *y2 = malloc(ysz), *y3 = malloc(ysz);
+    float *y1 = malloc(sizeof(float) * ldy);
+    for (int64_t i = 0; i < nt * ldy; i++)
+        y_simd[i] = y_ref[i] = y2[i] = y3[i] = -777.0f;
+
+    cllm_cpu_matmul_force_scalar(true);
+    CHECKF(run_mm(NULL, &m, x, nt, y_ref, ldy) == CLLM_OK, "%s scalar", tn);
+    cllm_cpu_matmul_force_scalar(false);
+    CHECKF(run_mm(NULL, &m, x, nt, y_simd, ldy) == CLLM_OK, "%s", tn);
+    CHECK(run_mm(tp2, &m, x, nt, y2, ldy) == CLLM_OK);
+    CHECK(run_mm(tp3, &m, x, nt, y3, ldy) == CLLM_OK);
+
+    /* (c) thread counts: identical bits, padding columns untouched */
+    CHECKF(memcmp(y_simd, y2, ysz) == 0, "%s K=%lld N=%lld nt=%lld: 1 vs 2 threads", tn,
+           (long long)K, (long long)N, (long long)nt);
+    CHECKF(memcmp(y_simd, y3, ysz) == 0, "%s K=%lld N=%lld nt=%lld: 1 vs 3 threads", tn,
+           (long long)K, (long long)N, (long long)nt);
+    int pad_ok = 1;
+    for (int64_t t = 0; t < nt; t++)
+        for (int64_t n = N; n < ldy; n++)
+            pad_ok &= y_simd[t * ldy + n] == -777.0f && y_ref[t * ldy + n] == -777.0f;
+    CHECKF(pad_ok, "%s: wrote past N", tn);
+
+    /* (d) batch invariance: each token alone gives the bits it got inside the batch */
+    int alone_ok = 1;
+    for (int64_t t = 0; t < nt; t++) {
+        CHECK(run_mm(tp2, &m, x + t * K, 1, y1, ldy) == CLLM_OK);
+        alone_ok &= memcmp(y1, y_simd + t * ldy, sizeof(float) * N) == 0;
+    }
+    CHECKF(alone_ok, "%s K=%lld N=%lld nt=%lld: token alone differs from batch", tn, (long long)K,
+           (long long)N, (long long)nt);
+    if (nt > 5) { /* a sub-batch starting off the tile grid */
+        float *ys = malloc(sizeof(float) * 5 * ldy);
+        CHECK(run_mm(tp3, &m, x + 3 * K, 5, ys, ldy) == CLLM_OK);
+        int sub_ok = 1;
+        for (int64_t t = 0; t < 5; t++)
+            sub_ok &= memcmp(ys + t * ldy, y_simd + (t + 3) * ldy, sizeof(float) * N) == 0;
+        CHECKF(sub_ok, "%s: tokens 3..7 as their own batch differ", tn);
+        free(ys);
+    }
+
+    /* (b) against double-precision references */
+    double *xq = malloc(sizeof(double) * nt * K), *hs = malloc(sizeof(double) * nt * K);
+    act_reference(type, x, nt, K, xq, hs);
+    const bool quantized = cllm_act_kind_of(type) != CLLM_ACT_F32;
+    const double u4 = ldexp(1.0, -22);
+    const double chain = 2.0 * (double)K / (double)block_of(type) + 8.0;
+    int ok_a = 1, ok_q = 1, ok_x = 1;
+    double err2 = 0.0, ref2 = 0.0, pred2 = 0.0;
+    for (int64_t t = 0; t < nt; t++) {
+        for (int64_t n = 0; n < N; n++) {
+            const double *w = m.deq + n * K;
+            double rq = 0, rx = 0, sabs = 0, qerr = 0;
+            for (int64_t k = 0; k < K; k++) {
+                pred2 += w[k] * w[k] * hs[t * K + k] * hs[t * K + k] / 3.0;
+                rq += w[k] * xq[t * K + k];
+                rx += w[k] * (double)x[t * K + k];
+                sabs += fabs(w[k] * xq[t * K + k]);
+                qerr += fabs(w[k]) * hs[t * K + k];
+            }
+            const double tol = chain * u4 * sabs + 1e-30;
+            const double ys = y_simd[t * ldy + n], yr = y_ref[t * ldy + n];
+            /* (a) AVX2 against scalar */
+            if (quantized)
+                ok_a &= memcmp(&y_simd[t * ldy + n], &y_ref[t * ldy + n], sizeof(float)) == 0;
+            else
+                ok_a &= fabs(ys - yr) <= tol;
+            ok_q &= fabs(ys - rq) <= tol && fabs(yr - rq) <= tol;
+            ok_x &= fabs(ys - rx) <= tol + qerr * (1.0 + 1e-6);
+            double nq = fabs(ys - rq) / (sabs + 1e-30), nx = fabs(ys - rx) / (tol + qerr);
+            if (nq > worst_q[type])
+                worst_q[type] = nq;
+            if (nx > worst_x[type])
+                worst_x[type] = nx;
+            err2 += (ys - rx) * (ys - rx);
+            ref2 += rx * rx;
+        }
+    }
+    CHECKF(ok_a, "%s K=%lld N=%lld nt=%lld: avx2 vs scalar", tn, (long long)K, (long long)N,
+           (long long)nt);
+    CHECKF(ok_q, "%s K=%lld N=%lld nt=%lld: vs quantized-activation reference", tn, (long long)K,
+           (long long)N, (long long)nt);
+    CHECKF(ok_x, "%s K=%lld N=%lld nt=%lld: vs unquantized activations", tn, (long long)K,
+           (long long)N, (long long)nt);
+    sum_err2[type] += err2;
+    sum_ref2[type] += ref2;
+    sum_pred2[type] += pred2;
+    (void)avx2;
+
+    free(xq);
+    free(hs);
+    free(x);
+    free(y_simd);
+    free(y_ref);
+    free(y1);
+    free(y2);
+    free(y3);
+    wmat_free(&m);
+}
+
+/* The quantizer: values within half a step, |q| <= 127, sums right, AVX2 bytes == scalar. */
+static void test_quantizer(bool avx2)
+{
+    for (int kind = CLLM_ACT_Q8_0; kind <= CLLM_ACT_Q8_K; kind++) {
+        const int64_t B = cllm_act_block(kind), G = cllm_act_group(kind), K = 4 * 256;
+        float x[4 * 256];
+        int8_t qs[4 * 256], qs2[4 * 256];
+        float d[32], d2[32];
+        int16_t sums[64], sums2[64];
+        for (int64_t i = 0; i < K; i++)
+            x[i] = rng_act() * (i < K / 2 ? 1.0f : 1e3f);
+        for (int64_t i = 0; i < B; i++) /* one all-zero block */
+            x[i] = 0.0f;
+        x[B] = 0.0f; /* a zero inside a live block */
+        cllm_matmul_kernels_scalar()->quant[kind](x, K / B, qs, d, sums);
+        int ok_step = 1, ok_range = 1, ok_sum = 1;
+        for (int64_t i = 0; i < K; i++) {
+            ok_step &= fabs((double)d[i / B] * qs[i] - x[i]) <= 0.5 * d[i / B] * (1 + 1e-6);
+            ok_range &= qs[i] != -128;
+        }
+        for (int64_t g = 0; g < K / G; g++) {
+            int s = 0;
+            for (int64_t i = 0; i < G; i++)
+                s += qs[g * G + i];
+            ok_sum &= s == sums[g];
+        }
+        CHECK(d[0] == 0.0f && qs[0] == 0 && qs[B - 1] == 0);
+        CHECKF(ok_step, "act kind %d: quantization error above half a step", kind);
+        CHECK(ok_range);
+        CHECK(ok_sum);
+        /* the block's largest magnitude maps to +-127 */
+        CHECK(d[1] > 0.0f);
+#if defined(__x86_64__) || defined(__i386__)
+        if (avx2) {
+            cllm_matmul_kernels_avx2()->quant[kind](x, K / B, qs2, d2, sums2);
+            CHECKF(memcmp(qs, qs2, K) == 0 && memcmp(d, d2, sizeof(float) * (K / B)) == 0 &&
+                       memcmp(sums, sums2, sizeof(int16_t) * (K / G)) == 0,
+                   "act kind %d: avx2 quantizer differs from scalar", kind);
+        }
+#endif
+    }
+}
+
+static void test_errors(void)
+{
+    struct wmat m;
+    wmat_init(&m, CLLM_DTYPE_Q4_K, 256, 4);
+    float x[2 * 256] = {0}, y[2 * 8];
+    for (int i = 0; i < 16; i++)
+        y[i] = 5.0f;
+    size_t ss = cllm_cpu_matmul_scratch_size(CLLM_DTYPE_Q4_K, 256, 2);
+    uint8_t *scratch = malloc(ss);
+    struct cllm_tensor t = m.t;
+    CHECK(ss > 0);
+    CHECK(cllm_cpu_matmul(NULL, &t, x, 2, y, 4, scratch, ss) == CLLM_OK);
+    CHECK(cllm_cpu_matmul(NULL, NULL, x, 2, y, 4, scratch, ss) == CLLM_ERR_INVALID_ARG);
+    CHECK(cllm_cpu_matmul(NULL, &t, NULL, 2, y, 4, scratch, ss) == CLLM_ERR_INVALID_ARG);
+    CHECK(cllm_cpu_matmul(NULL, &t, x, 2, NULL, 4, scratch, ss) == CLLM_ERR_INVALID_ARG);
+    CHECK(cllm_cpu_matmul(NULL, &t, x, -1, y, 4, scratch, ss) == CLLM_ERR_INVALID_ARG);
+    CHECK(cllm_cpu_matmul(NULL, &t, x, 2, y, 3, scratch, ss) == CLLM_ERR_INVALID_ARG); /* ldy < N */
+    CHECK(cllm_cpu_matmul(NULL, &t, x, 2, y, 4, scratch, ss - 1) == CLLM_ERR_INVALID_ARG);
+    CHECK(cllm_cpu_matmul(NULL, &t, x, 2, y, 4, NULL, ss) == CLLM_ERR_INVALID_ARG);
+    /* scratch for one token is too little for two */
+    CHECK(cllm_cpu_matmul(NULL, &t, x, 2, y, 4, scratch,
+                          cllm_cpu_matmul_scratch_size(CLLM_DTYPE_Q4_K, 256, 1)) ==
+          CLLM_ERR_INVALID_ARG);
+    /* n_tokens = 0: nothing to do, nothing written */
+    float y0 = 9.0f;
+    CHECK(cllm_cpu_matmul(NULL, &t, x, 0, &y0, 4, NULL, 0) == CLLM_OK && y0 == 9.0f);
+    t.ne[0] = 128; /* K not a multiple of 256 */
+    t.ne[1] = 8;
+    CHECK(cllm_cpu_matmul(NULL, &t, x, 1, y, 8, scratch, ss) == CLLM_ERR_INVALID_ARG);
+    CHECK(cllm_cpu_matmul_scratch_size(CLLM_DTYPE_Q4_K, 128, 1) == 0);
+    CHECK(cllm_cpu_matmul_scratch_size(CLLM_DTYPE_Q8_0, 33, 1) == 0);
+    CHECK(cllm_cpu_matmul_scratch_size(CLLM_DTYPE_Q8_0, 32, 0) == 0);
+    CHECK(cllm_cpu_matmul_scratch_size(CLLM_DTYPE_F32, 7, 3) == 0);
+    CHECK(cllm_cpu_matmul_scratch_size(CLLM_DTYPE_COUNT, 256, 1) == 0);
+    CHECK(cllm_cpu_matmul_scratch_size(CLLM_DTYPE_Q4_K, 256, INT64_MAX / 2) == 0);
+    t = m.t;
+    t.ne[1] = 5; /* more rows than the data holds */
+    CHECK(cllm_cpu_matmul(NULL, &t, x, 1, y, 8, scratch, ss) == CLLM_ERR_INVALID_ARG);
+    t = m.t;
+    t.ne[2] = 2; /* not a matrix */
+    CHECK(cllm_cpu_matmul(NULL, &t, x, 1, y, 8, scratch, ss) == CLLM_ERR_INVALID_ARG);
+    t = m.t;
+    t.dtype = CLLM_DTYPE_COUNT;
+    CHECK(cllm_cpu_matmul(NULL, &t, x, 1, y, 8, scratch, ss) == CLLM_ERR_INVALID_ARG);
+    t = m.t;
+    t.data = NULL;
+    CHECK(cllm_cpu_matmul(NULL, &t, x, 1, y, 8, scratch, ss) == CLLM_ERR_INVALID_ARG);
+    t = m.t;
+    t.ne[0] = 0;
+    CHECK(cllm_cpu_matmul(NULL, &t, x, 1, y, 8, scratch, ss) == CLLM_ERR_INVALID_ARG);
+    /* float weights need no scratch */
+    struct wmat f;
+    wmat_init(&f, CLLM_DTYPE_F32, 7, 3);
+    CHECK(cllm_cpu_matmul(NULL, &f.t, x, 2, y, 3, NULL, 0) == CLLM_OK);
+    wmat_free(&f);
+    free(scratch);
+    wmat_free(&m);
+}
+
+int main(void)
+{
+    const char *isa = cllm_cpu_matmul_isa();
+    const bool avx2 = strcmp(isa, "avx2") == 0;
+    printf("matmul kernels: %s%s\n", isa,
+           avx2 ? "" : " (no AVX2 on this CPU: AVX2-vs-scalar checks compare scalar with itself)");
+    cllm_cpu_matmul_force_scalar(true);
+    CHECK(strcmp(cllm_cpu_matmul_isa(), "scalar") == 0);
+    cllm_cpu_matmul_force_scalar(false);
+
+    struct cllm_threadpool *tp2 = NULL, *tp3 = NULL;
+    CHECK(cllm_threadpool_new(&tp2, 2) == CLLM_OK);
+    CHECK(cllm_threadpool_new(&tp3, 3) == CLLM_OK);
+
+    test_quantizer(avx2);
+
+    static const enum cllm_dtype types[] = {
+        CLLM_DTYPE_F32,  CLLM_DTYPE_F16,  CLLM_DTYPE_BF16, CLLM_DTYPE_Q8_0,
+        CLLM_DTYPE_Q4_0, CLLM_DTYPE_Q4_1, CLLM_DTYPE_Q5_0, CLLM_DTYPE_Q5_1,
+        CLLM_DTYPE_Q4_K, CLLM_DTYPE_Q5_K, CLLM_DTYPE_Q6_K,
+    };
+    static const int64_t Ns[] = {1, 3, 17, 257};
+    static const int64_t nts[] = {1, 2, 5, 33};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        const enum cllm_dtype type = types[i];
+        const int64_t bs = cllm_dtype_traits(type)->block_size;
+        /* one block; several blocks (float: every tail length of the 16/8-element steps) */
+        const int64_t Ks[] = {bs, bs == 256 ? 1024 : bs == 32 ? 352 : 45, bs == 1 ? 1000 : 0, 0};
+        for (size_t ki = 0; ki < 4 && Ks[ki]; ki++) {
+            for (size_t ni = 0; ni < 4; ni++)
+                check_shape(tp2, tp3, type, Ks[ki], Ns[ni], 33, avx2);
+            for (size_t ti = 0; ti < 3; ti++)
+                check_shape(tp2, tp3, type, Ks[ki], 17, nts[ti], avx2);
+        }
+    }
+    /* Normalized RMS error from 8-bit activations, over thousands of outputs per dtype.
+     * Rounding to a step d moves an activation by an error spread evenly over [-d/2, d/2]
+     * (variance d^2 / 12), independently per element, so the expected squared error of a dot
+     * product is sum w^2 d^2 / 12. We allow 1.5 times the predicted RMS; float weights have
+     * only rounding (1e-6). */
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        const enum cllm_dtype t = types[i];
+        const double rms = sqrt(sum_err2[t] / sum_ref2[t]), pred = sqrt(sum_pred2[t] / sum_ref2[t]);
+        printf("%-5s worst |y - ref(xq)| / sum|w xq| = %.2e, worst |y - ref(x)| / bound = %.3f, "
+               "rms error vs unquantized = %.2e (predicted %.2e)\n",
+               cllm_dtype_name(t), worst_q[t], worst_x[t], rms, pred);
+        CHECKF(rms <= 1.5 * pred + 1e-6, "%s: rms error %.3g, predicted %.3g",
+               cllm_dtype_name(t), rms, pred);
+    }
+
+    test_errors();
+    cllm_threadpool_free(tp2);
+    cllm_threadpool_free(tp3);
+    return test_summary();
+}

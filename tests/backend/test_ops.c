@@ -1,0 +1,214 @@
+/*
+ * Every CPU backend op (except matmul: test_matmul.c) against its scalar reference in
+ * cpu/ref.c, on random inputs of awkward sizes, with 1, 2 and 3 threads: results must match
+ * the reference (attention within float rounding: it uses a single-pass online softmax) and be
+ * identical across thread counts.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cpu/ref.h"
+#include "core/f16.h"
+#include "test.h"
+
+static uint64_t rng = 88172645463325252ULL;
+static float frand(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+
+static float *randv(int64_t n, float scale)
+{
+    float *v = malloc((size_t)n * sizeof *v);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = frand() * scale;
+    return v;
+}
+
+static double max_abs_diff(const float *a, const float *b, int64_t n)
+{
+    double m = 0;
+    for (int64_t i = 0; i < n; i++)
+        m = fmax(m, fabs((double)a[i] - b[i]));
+    return m;
+}
+
+static struct cllm_backend *make(int threads)
+{
+    struct cllm_backend *be;
+    struct cllm_backend_options o = {CLLM_BACKEND_CPU, threads};
+    return cllm_backend_new(&be, &o, NULL, 0) == CLLM_OK ? be : NULL;
+}
+
+static void vec_weight(struct cllm_tensor *t, struct cllm_weight *w, const float *data, int64_t n)
+{
+    *t = (struct cllm_tensor){"w", CLLM_DTYPE_F32, 1, {n, 1, 1, 1}, (uint64_t)n * 4, data};
+    *w = (struct cllm_weight){t, data, CLLM_DTYPE_F32, {n, 1}};
+}
+
+static void test_norms(struct cllm_backend *be, int32_t n, int32_t dim)
+{
+    float *x = randv((int64_t)n * dim, 3), *g = randv(dim, 1), *res = randv((int64_t)n * dim, 1);
+    float *res2 = malloc((size_t)n * dim * 4), *out = malloc((size_t)n * dim * 4),
+          *ref = malloc((size_t)n * dim * 4);
+    memcpy(res2, res, (size_t)n * dim * 4);
+    struct cllm_tensor t;
+    struct cllm_weight w;
+    vec_weight(&t, &w, g, dim);
+    CHECK(be->iface->rmsnorm(be, x, &w, 1e-6f, n, dim, out) == CLLM_OK);
+    for (int32_t r = 0; r < n; r++)
+        cllm_ref_rmsnorm_row(x + (int64_t)r * dim, g, 1e-6f, dim, ref + (int64_t)r * dim);
+    CHECK(memcmp(out, ref, (size_t)n * dim * 4) == 0);
+    CHECK(be->iface->add_rmsnorm(be, res, x, &w, 1e-6f, n, dim, out) == CLLM_OK);
+    for (int64_t i = 0; i < (int64_t)n * dim; i++)
+        res2[i] += x[i];
+    for (int32_t r = 0; r < n; r++)
+        cllm_ref_rmsnorm_row(res2 + (int64_t)r * dim, g, 1e-6f, dim, ref + (int64_t)r * dim);
+    CHECK(memcmp(res, res2, (size_t)n * dim * 4) == 0);
+    CHECK(memcmp(out, ref, (size_t)n * dim * 4) == 0);
+    /* silu_mul in place, as the model uses it */
+    float *gate = randv((int64_t)n * dim, 4), *up = randv((int64_t)n * dim, 4);
+    cllm_ref_silu_mul(gate, up, (int64_t)n * dim, ref);
+    CHECK(be->iface->silu_mul(be, gate, up, n, dim, gate) == CLLM_OK);
+    CHECK(memcmp(gate, ref, (size_t)n * dim * 4) == 0);
+    free(x), free(g), free(res), free(res2), free(out), free(ref), free(gate), free(up);
+}
+
+static void test_embed(struct cllm_backend *be)
+{
+    enum { V = 37, D = 96 };
+    uint16_t table[V * D];
+    for (int i = 0; i < V * D; i++)
+        table[i] = cllm_f32_to_bf16(frand());
+    struct cllm_tensor t = {"e", CLLM_DTYPE_BF16, 2, {D, V, 1, 1}, sizeof table, table};
+    struct cllm_weight w;
+    CHECK(be->iface->weight_init(be, &t, &w, NULL, 0) == CLLM_OK);
+    int32_t toks[] = {0, 36, 5, 5};
+    float out[4 * D];
+    CHECK(be->iface->embed(be, &w, toks, 4, out) == CLLM_OK);
+    CHECK(out[D + 3] == cllm_bf16_to_f32(table[36 * D + 3]));
+    CHECK(out[3 * D + D - 1] == cllm_bf16_to_f32(table[5 * D + D - 1]));
+    int32_t bad[] = {37};
+    CHECK(be->iface->embed(be, &w, bad, 1, out) == CLLM_ERR_RANGE);
+    bad[0] = -1;
+    CHECK(be->iface->embed(be, &w, bad, 1, out) == CLLM_ERR_RANGE);
+    be->iface->weight_free(be, &w);
+    /* A BF16 vector is widened to F32 once. */
+    struct cllm_tensor tv = {"v", CLLM_DTYPE_BF16, 1, {D, 1, 1, 1}, D * 2, table};
+    CHECK(be->iface->weight_init(be, &tv, &w, NULL, 0) == CLLM_OK);
+    CHECK(w.dtype == CLLM_DTYPE_F32 && ((const float *)w.data)[7] == cllm_bf16_to_f32(table[7]));
+    be->iface->weight_free(be, &w);
+}
+
+/* Two sequences with shuffled block tables; tokens of both interleaved in one batch. */
+static void test_attention(struct cllm_backend *be, int32_t n_head, int32_t n_kv, int32_t hd,
+                           float **out_attn, float **out_kc)
+{
+    enum { BS = 4, NB = 24, MAXB = 12 };
+    rng = 0x1234567ULL + (uint64_t)n_head * 1000 + (uint64_t)hd; /* same data for each thread count */
+    int32_t len0 = 21, len1 = 9, n = len0 + len1;
+    int32_t table[2][MAXB];
+    for (int i = 0; i < MAXB; i++) {
+        table[0][i] = (i * 5 + 1) % NB; /* disjoint block sets per sequence */
+        table[1][i] = (table[0][i] + 12) % NB;
+    }
+    int32_t pos[64], seq[64], slot[64];
+    for (int32_t t = 0; t < n; t++) {
+        seq[t] = t % 3 == 2 && t / 3 < len1 ? 1 : 0;
+    }
+    int32_t c0 = 0, c1 = 0;
+    for (int32_t t = 0; t < n; t++) {
+        if (seq[t] == 1 && c1 >= len1)
+            seq[t] = 0;
+        if (seq[t] == 0 && c0 >= len0)
+            seq[t] = 1;
+        pos[t] = seq[t] ? c1++ : c0++;
+        slot[t] = table[seq[t]][pos[t] / BS] * BS + pos[t] % BS;
+    }
+    struct cllm_attn_batch b = {n, pos, seq, slot, &table[0][0], MAXB, BS};
+    int64_t qn = (int64_t)n * n_head * hd, kn = (int64_t)n * n_kv * hd;
+    int64_t cache_n = (int64_t)NB * BS * n_kv * hd;
+    float *q = randv(qn, 1), *k = randv(kn, 1), *v = randv(kn, 1);
+    float *q_ref = malloc((size_t)qn * 4), *k_ref = malloc((size_t)kn * 4);
+    memcpy(q_ref, q, (size_t)qn * 4);
+    memcpy(k_ref, k, (size_t)kn * 4);
+    float *kc = calloc((size_t)cache_n, 4), *vc = calloc((size_t)cache_n, 4);
+    struct cllm_rope rope = {1000000.0f, hd};
+    CHECK(be->iface->rope_store_kv(be, &rope, &b, q, k, v, n_head, n_kv, kc, vc) == CLLM_OK);
+    /* reference rope + store */
+    float cs[256], sn[256];
+    float *kc_ref = calloc((size_t)cache_n, 4), *vc_ref = calloc((size_t)cache_n, 4);
+    for (int32_t t = 0; t < n; t++) {
+        cllm_ref_rope_cos_sin(&rope, pos[t], cs, sn);
+        for (int32_t h = 0; h < n_head; h++)
+            cllm_ref_rope_apply(q_ref + ((int64_t)t * n_head + h) * hd, cs, sn, hd);
+        for (int32_t h = 0; h < n_kv; h++)
+            cllm_ref_rope_apply(k_ref + ((int64_t)t * n_kv + h) * hd, cs, sn, hd);
+        memcpy(kc_ref + (int64_t)slot[t] * n_kv * hd, k_ref + (int64_t)t * n_kv * hd, (size_t)n_kv * hd * 4);
+        memcpy(vc_ref + (int64_t)slot[t] * n_kv * hd, v + (int64_t)t * n_kv * hd, (size_t)n_kv * hd * 4);
+    }
+    CHECK(memcmp(q, q_ref, (size_t)qn * 4) == 0);
+    CHECK(memcmp(kc, kc_ref, (size_t)cache_n * 4) == 0);
+    CHECK(memcmp(vc, vc_ref, (size_t)cache_n * 4) == 0);
+
+    float *out = malloc((size_t)qn * 4), *ref = malloc((size_t)qn * 4);
+    float scale = 1.0f / sqrtf((float)hd);
+    CHECK(be->iface->attention(be, &b, q, kc, vc, n_head, n_kv, hd, scale, out) == CLLM_OK);
+    cllm_ref_attention(&b, q, kc, vc, n_head, n_kv, hd, scale, ref);
+    double err = max_abs_diff(out, ref, qn);
+    CHECKF(err < 1e-5, "attention differs from the reference by %g", err);
+    CHECK(be->iface->attention(be, &b, q, kc, vc, n_head, 5, hd, scale, out) == CLLM_ERR_INVALID_ARG);
+    CHECK(be->iface->attention(be, &b, q, kc, vc, n_head, n_kv, hd, scale, out) == CLLM_OK);
+    *out_attn = out;
+    *out_kc = kc;
+    free(q), free(k), free(v), free(q_ref), free(k_ref), free(vc), free(kc_ref), free(vc_ref), free(ref);
+}
+
+int main(void)
+{
+    float *first_attn = NULL, *first_kc = NULL;
+    for (int threads = 1; threads <= 3; threads++) {
+        struct cllm_backend *be = make(threads);
+        CHECK(be != NULL);
+        if (!be)
+            break;
+        test_norms(be, 1, 7);
+        test_norms(be, 5, 896);
+        test_norms(be, 33, 1536); /* big enough to run threaded */
+        test_embed(be);
+        float *attn, *kc;
+        test_attention(be, 12, 2, 128, &attn, &kc);
+        if (!first_attn) {
+            first_attn = attn;
+            first_kc = kc;
+        } else {
+            /* identical across thread counts */
+            CHECK(memcmp(attn, first_attn, (size_t)30 * 12 * 128 * 4) == 0);
+            free(attn);
+            free(kc);
+        }
+        float *a2, *k2;
+        test_attention(be, 14, 2, 64, &a2, &k2); /* Qwen2.5-0.5B's heads */
+        free(a2);
+        free(k2);
+        test_attention(be, 4, 4, 8, &a2, &k2); /* no GQA, tiny head */
+        free(a2);
+        free(k2);
+        cllm_backend_free(be);
+    }
+    free(first_attn);
+    free(first_kc);
+    struct cllm_backend *be;
+    struct cllm_backend_options o = {CLLM_BACKEND_CPU, 100000};
+    CHECK(cllm_backend_new(&be, &o, NULL, 0) == CLLM_ERR_INVALID_ARG);
+    o.kind = CLLM_BACKEND_CUDA;
+    char err[200] = "";
+    CHECK(cllm_backend_new(&be, &o, err, sizeof err) == CLLM_ERR_UNSUPPORTED && strstr(err, "CUDA"));
+    return test_summary();
+}

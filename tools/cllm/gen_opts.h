@@ -1,0 +1,72 @@
+/*
+ * Command-line generation options shared by generate, bench and serve: sampling flags, limits
+ * and engine sizing, and how they combine with the model's generation_config defaults.
+ */
+#ifndef CLLM_TOOLS_GEN_OPTS_H
+#define CLLM_TOOLS_GEN_OPTS_H
+
+#include <getopt.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+#include "model/model_files.h"
+
+#define CLLM_MAX_CLI_STOPS 16
+
+/* Option codes (>= 1000 so they never clash with short options). */
+enum {
+    OPT_MAX_TOKENS = 1000, OPT_TEMPERATURE, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_REP_PENALTY,
+    OPT_PRESENCE, OPT_FREQUENCY, OPT_SEED, OPT_STOP, OPT_THREADS, OPT_CTX, OPT_KV_MEM,
+    OPT_BATCH_TOKENS, OPT_MAX_SEQS, OPT_NO_PREFIX_CACHE, OPT_DEVICE,
+};
+
+#define CLLM_GEN_LONG_OPTIONS                                                                      \
+    {"max-tokens", required_argument, 0, OPT_MAX_TOKENS},                                          \
+        {"temperature", required_argument, 0, OPT_TEMPERATURE},                                    \
+        {"top-k", required_argument, 0, OPT_TOP_K}, {"top-p", required_argument, 0, OPT_TOP_P},    \
+        {"min-p", required_argument, 0, OPT_MIN_P},                                                \
+        {"repetition-penalty", required_argument, 0, OPT_REP_PENALTY},                             \
+        {"presence-penalty", required_argument, 0, OPT_PRESENCE},                                  \
+        {"frequency-penalty", required_argument, 0, OPT_FREQUENCY},                                \
+        {"seed", required_argument, 0, OPT_SEED}, {"stop", required_argument, 0, OPT_STOP},        \
+        {"threads", required_argument, 0, OPT_THREADS}, {"ctx", required_argument, 0, OPT_CTX},    \
+        {"kv-mem", required_argument, 0, OPT_KV_MEM},                                              \
+        {"batch-tokens", required_argument, 0, OPT_BATCH_TOKENS},                                  \
+        {"max-seqs", required_argument, 0, OPT_MAX_SEQS},                                          \
+        {"no-prefix-cache", no_argument, 0, OPT_NO_PREFIX_CACHE},                                  \
+        {"device", required_argument, 0, OPT_DEVICE}
+
+#define CLLM_GEN_USAGE                                                                             \
+    "  --max-tokens N          tokens to generate at most\n"                                       \
+    "  --temperature T         0 = greedy (default: the model's generation_config)\n"             \
+    "  --top-k K  --top-p P  --min-p P  --repetition-penalty R\n"                                  \
+    "  --presence-penalty P  --frequency-penalty P  --seed S\n"                                    \
+    "  --stop TEXT             stop string (repeatable)\n"                                         \
+    "  --threads N             CPU threads (default: physical cores)\n"                            \
+    "  --ctx N                 context window in tokens (default: the model's)\n"                  \
+    "  --kv-mem BYTES          KV cache budget, e.g. 2G or 512M\n"                                 \
+    "  --batch-tokens N  --max-seqs N  --no-prefix-cache  --device cpu|cuda\n"
+
+/* What the flags said; "set" bits record which sampling values were given explicitly. */
+struct cllm_gen_opts {
+    int32_t max_tokens;
+    float temperature, top_p, min_p, rep_penalty, presence, frequency;
+    int32_t top_k;
+    uint64_t seed;
+    bool set_temperature, set_top_p, set_min_p, set_rep, set_top_k, set_max_tokens;
+    const char *stops[CLLM_MAX_CLI_STOPS];
+    int n_stops;
+    struct cllm_engine_config engine;
+};
+
+void cllm_gen_opts_init(struct cllm_gen_opts *g);
+/* Handles one getopt code; returns 1 if handled, 0 if not one of ours, -1 on a bad value
+ * (message printed). */
+int cllm_gen_opts_parse(struct cllm_gen_opts *g, int code, const char *arg);
+/* Request parameters: the model's generation_config, overridden by explicit flags. Stop ids
+ * are the model's EOS ids. */
+void cllm_gen_opts_params(const struct cllm_gen_opts *g, const struct cllm_model_files *mf,
+                          struct cllm_request_params *p);
+
+#endif
