@@ -103,6 +103,7 @@ void cllm_request_release(struct cllm_request *r)
     cllm_stop_free(r->stop);
     cllm_buf_free(&r->pending);
     cllm_buf_free(&r->out.text);
+    free(r->token_times);
     pthread_mutex_destroy(&r->lock);
     pthread_cond_destroy(&r->changed);
     free(r);
@@ -171,10 +172,24 @@ void cllm_request_emit(struct cllm_request *r, const char *text, size_t len, int
     pthread_mutex_lock(&r->lock);
     if (len)
         cllm_buf_append(&r->out.text, text, len);
-    r->out.n_generated = r->n_tokens - r->n_prompt;
+    int32_t generated = r->n_tokens - r->n_prompt;
+    double now = cllm_now();
+    if (generated > r->out.n_generated) {
+        if (r->n_token_times == r->cap_token_times) {
+            int32_t cap = r->cap_token_times ? r->cap_token_times * 2 : 64;
+            double *t = cllm_realloc_array(r->token_times, (size_t)cap, sizeof *t);
+            if (t) {
+                r->token_times = t;
+                r->cap_token_times = cap;
+            }
+        }
+        if (r->n_token_times < r->cap_token_times)
+            r->token_times[r->n_token_times++] = now;
+    }
+    r->out.n_generated = generated;
     r->out.n_cached = n_cached;
-    if (r->out.n_generated > 0 && r->out.t_first_token == 0)
-        r->out.t_first_token = cllm_now();
+    if (generated > 0 && r->out.t_first_token == 0)
+        r->out.t_first_token = now;
     pthread_cond_broadcast(&r->changed);
     pthread_mutex_unlock(&r->lock);
 }
@@ -192,4 +207,14 @@ void cllm_request_finish(struct cllm_request *r, enum cllm_finish_reason reason,
     }
     pthread_cond_broadcast(&r->changed);
     pthread_mutex_unlock(&r->lock);
+}
+
+int32_t cllm_request_token_times(struct cllm_request *r, double *times, int32_t max)
+{
+    pthread_mutex_lock(&r->lock);
+    int32_t n = r->n_token_times;
+    if (times && max > 0)
+        memcpy(times, r->token_times, (size_t)(n < max ? n : max) * sizeof *times);
+    pthread_mutex_unlock(&r->lock);
+    return n;
 }

@@ -89,6 +89,8 @@ struct cllm_request {
     pthread_cond_t changed;
     bool cancel;
     struct cllm_request_output out;
+    double *token_times; /* when each generated token was delivered (for latency stats) */
+    int32_t n_token_times, cap_token_times;
 };
 
 /* A request for prompt[0..n_prompt); copies what it keeps. */
@@ -115,6 +117,9 @@ bool cllm_request_poll(struct cllm_request *r, int timeout_ms, struct cllm_reque
 /* Engine side: publish text and counters, or the end. */
 void cllm_request_emit(struct cllm_request *r, const char *text, size_t len, int32_t n_cached);
 void cllm_request_finish(struct cllm_request *r, enum cllm_finish_reason reason, const char *error);
+
+/* Copies up to max delivery times of generated tokens into times; returns how many there are. */
+int32_t cllm_request_token_times(struct cllm_request *r, double *times, int32_t max);
 
 double cllm_now(void);
 

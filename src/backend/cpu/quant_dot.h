@@ -21,7 +21,7 @@
 #include "tensor/dtype.h"
 
 /* Tokens per kernel call: each weight block is decoded once and used for this many tokens. */
-#define CLLM_MM_TILE 4
+#define CLLM_MM_TILE 8
 
 enum cllm_act_kind {
     CLLM_ACT_F32,  /* F32/F16/BF16 weights: activations stay f32 */
