@@ -105,7 +105,7 @@ static const struct {
     {"<|start_header_id|>", "Llama 3"},
     {"[INST]", "Llama 2 / Mistral"},
     {"<start_of_turn>", "Gemma"},
-    {"<\xef\xbd\x9c" "User\xef\xbd\x9c>", "DeepSeek"},
+    {"<\uFF5CUser\uFF5C>", "DeepSeek"},
     {"<|START_OF_TURN_TOKEN|>", "Command-R"},
     {"<|user|>", "Phi-3 / Zephyr / GLM"},
     {"### Instruction", "Alpaca"},
@@ -180,8 +180,8 @@ static bool tok_is(const struct toks *t, size_t i, enum tok_kind kind, const cha
 {
     if (i >= t->n || t->v[i].kind != kind)
         return false;
-    return !text || (t->v[i].len == strlen(text) && !memcmp(tok_text(t, &t->v[i]), text,
-                                                            t->v[i].len));
+    return !text ||
+           (t->v[i].len == strlen(text) && !memcmp(tok_text(t, &t->v[i]), text, t->v[i].len));
 }
 
 /* Jinja's \s on the ASCII range; other whitespace is left in place, which can only make a
@@ -212,6 +212,9 @@ static int hex_value(char c)
     return -1;
 }
 
+/* Python's one-character escapes: each letter, then what it stands for. */
+static const char simple_escapes[] = "\\\\''\"\"a\ab\bf\fn\nr\rt\tv\v";
+
 /* Decodes the string literal starting at s[*p] (a quote) into store, as Jinja does (Python's
  * unicode-escape: \n \t \\ \' \xhh \uhhhh \Uhhhhhhhh \ooo ...; unknown escapes stay as they
  * are). Advances *p past the closing quote; CLLM_ERR_FORMAT at an unterminated literal or an
@@ -238,25 +241,17 @@ static enum cllm_status lex_string(const char *s, size_t n, size_t *p, struct cl
             return CLLM_ERR_FORMAT;
         char e = s[i + 1];
         i += 2;
-        uint32_t cp;
-        int digits = 0;
-        switch (e) {
-        case '\n': continue; /* a line continuation */
-        case '\\': st = cllm_buf_append_byte(store, '\\'); continue;
-        case '\'': st = cllm_buf_append_byte(store, '\''); continue;
-        case '"': st = cllm_buf_append_byte(store, '"'); continue;
-        case 'a': st = cllm_buf_append_byte(store, '\a'); continue;
-        case 'b': st = cllm_buf_append_byte(store, '\b'); continue;
-        case 'f': st = cllm_buf_append_byte(store, '\f'); continue;
-        case 'n': st = cllm_buf_append_byte(store, '\n'); continue;
-        case 'r': st = cllm_buf_append_byte(store, '\r'); continue;
-        case 't': st = cllm_buf_append_byte(store, '\t'); continue;
-        case 'v': st = cllm_buf_append_byte(store, '\v'); continue;
-        case 'x': digits = 2; break;
-        case 'u': digits = 4; break;
-        case 'U': digits = 8; break;
-        default: break;
+        const char *m = NULL;
+        for (const char *q = simple_escapes; *q && !m; q += 2)
+            m = *q == e ? q : NULL;
+        if (m) {
+            st = cllm_buf_append_byte(store, m[1]);
+            continue;
         }
+        if (e == '\n')
+            continue; /* a line continuation */
+        uint32_t cp;
+        int digits = e == 'x' ? 2 : e == 'u' ? 4 : e == 'U' ? 8 : 0;
         if (digits) {
             cp = 0;
             for (int d = 0; d < digits; d++) {
@@ -287,14 +282,14 @@ static enum cllm_status lex_string(const char *s, size_t n, size_t *p, struct cl
 
 /* Operators Jinja knows, longest first. */
 static const char *const operators[] = {"//", "**", "==", "!=", ">=", "<=", "+", "-", "/",
-                                        "*",  "%",  "~",  "[",  "]",  "(",  ")",  "{", "}",
-                                        "=",  ".",  ":",  "|",  ",",  ";",  ">",  "<"};
+                                        "*",  "%",  "~",  "[",  "]",  "(",  ")", "{", "}",
+                                        "=",  ".",  ":",  "|",  ",",  ";",  ">", "<"};
 
 /* Lexes the tokens of the tag whose opener ({% or {{) is at s[open], up to its closer, then
  * consumes what the closer's whitespace control removes after it. Returns where the text after
  * the tag starts in *next; CLLM_ERR_FORMAT (at *bad) for an unterminated tag or literal. */
-static enum cllm_status lex_tag(const char *s, size_t n, size_t open, struct toks *t,
-                                size_t *next, size_t *bad)
+static enum cllm_status lex_tag(const char *s, size_t n, size_t open, struct toks *t, size_t *next,
+                                size_t *bad)
 {
     bool block = s[open + 1] == '%';
     size_t p = open + 2;
@@ -344,9 +339,9 @@ static enum cllm_status lex_tag(const char *s, size_t n, size_t open, struct tok
             while (p < n && (is_digit(s[p]) || s[p] == '_' || s[p] == '.' || s[p] == 'e'))
                 p++;
             st = push(t, TOK_NUM, s + start, p - start, start);
-        } else if (c == '.' && t->n && (t->v[t->n - 1].kind == TOK_NAME ||
-                                        tok_is(t, t->n - 1, TOK_OP, "]") ||
-                                        tok_is(t, t->n - 1, TOK_OP, ")"))) {
+        } else if (c == '.' && t->n &&
+                   (t->v[t->n - 1].kind == TOK_NAME || tok_is(t, t->n - 1, TOK_OP, "]") ||
+                    tok_is(t, t->n - 1, TOK_OP, ")"))) {
             /* a.b is read as a['b']: for the dicts transformers passes they are the same */
             size_t q = p + 1;
             while (q < n && is_space(s[q]))
@@ -429,16 +424,17 @@ static enum cllm_status lex(const char *s, size_t n, struct toks *t, size_t *bad
             return CLLM_OK;
         if (s[open + 1] == '#') {
             /* A comment renders nothing; its closer controls whitespace like a block's. */
-            size_t c = open + 2;
+            size_t body = open + 2 + (open + 2 < n && (s[open + 2] == '-' || s[open + 2] == '+'));
+            size_t c = body;
             while (c + 1 < n && !(s[c] == '#' && s[c + 1] == '}'))
                 c++;
             if (c + 1 >= n) {
                 *bad = open;
                 return CLLM_ERR_FORMAT;
             }
-            char before = s[c - 1];
+            char before = c > body ? s[c - 1] : '\0';
             pos = c + 2;
-            if (before == '-' && c - 1 > open + 1) {
+            if (before == '-') {
                 while (pos < n && is_space(s[pos]))
                     pos++;
             } else if (before != '+' && pos < n && s[pos] == '\n') {
@@ -531,8 +527,8 @@ static enum cllm_status lex_source(const char *src, struct cllm_buf *norm, struc
 /* Compares the template's tokens with a skeleton's. On a match (*sys, *sys_len) is the captured
  * default system prompt (NULL if the skeleton has none); otherwise *progress is the index of
  * the first template token that differs (t->n if the template stops short). */
-static bool match(const struct toks *t, const struct toks *sk, const char **sys,
-                  size_t *sys_len, size_t *progress)
+static bool match(const struct toks *t, const struct toks *sk, const char **sys, size_t *sys_len,
+                  size_t *progress)
 {
     *sys = NULL;
     *sys_len = 0;

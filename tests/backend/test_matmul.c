@@ -84,7 +84,8 @@ static void wmat_init(struct wmat *m, enum cllm_dtype type, int64_t K, int64_t N
         }
     } else if (type == CLLM_DTYPE_F16 || type == CLLM_DTYPE_BF16) {
         for (int64_t i = 0; i < K * N; i++) {
-            uint16_t h = type == CLLM_DTYPE_F16 ? cllm_f32_to_f16(rng_f()) : cllm_f32_to_bf16(rng_f());
+            const float f = rng_f();
+            uint16_t h = type == CLLM_DTYPE_F16 ? cllm_f32_to_f16(f) : cllm_f32_to_bf16(f);
             memcpy(m->data + 2 * i, &h, 2);
         }
     } else {
@@ -157,7 +158,7 @@ static void act_reference(enum cllm_dtype type, const float *x, int64_t nt, int6
     float *d = malloc(sizeof(float) * (K / B));
     int16_t *sums = malloc(sizeof(int16_t) * (K / G));
     for (int64_t t = 0; t < nt; t++) {
-        cllm_matmul_kernels_scalar()->quant[kind](x + t * K, K / B, qs, d, sums);
+        cllm_matmul_kernels_scalar()->quant[kind](x + t * K, K / B, qs, d, sums, 1);
         for (int64_t k = 0; k < K; k++) {
             xq[t * K + k] = (double)d[k / B] * qs[k];
             half_step[t * K + k] = 0.5 * d[k / B];
@@ -320,7 +321,7 @@ static void test_quantizer(bool avx2)
         for (int64_t i = 0; i < B; i++) /* one all-zero block */
             x[i] = 0.0f;
         x[B] = 0.0f; /* a zero inside a live block */
-        cllm_matmul_kernels_scalar()->quant[kind](x, K / B, qs, d, sums);
+        cllm_matmul_kernels_scalar()->quant[kind](x, K / B, qs, d, sums, 1);
         int ok_step = 1, ok_range = 1, ok_sum = 1;
         for (int64_t i = 0; i < K; i++) {
             ok_step &= fabs((double)d[i / B] * qs[i] - x[i]) <= 0.5 * d[i / B] * (1 + 1e-6);
@@ -340,7 +341,7 @@ static void test_quantizer(bool avx2)
         CHECK(d[1] > 0.0f);
 #if defined(__x86_64__) || defined(__i386__)
         if (avx2) {
-            cllm_matmul_kernels_avx2()->quant[kind](x, K / B, qs2, d2, sums2);
+            cllm_matmul_kernels_avx2()->quant[kind](x, K / B, qs2, d2, sums2, 1);
             CHECKF(memcmp(qs, qs2, K) == 0 && memcmp(d, d2, sizeof(float) * (K / B)) == 0 &&
                        memcmp(sums, sums2, sizeof(int16_t) * (K / G)) == 0,
                    "act kind %d: avx2 quantizer differs from scalar", kind);
@@ -353,10 +354,11 @@ static void test_errors(void)
 {
     struct wmat m;
     wmat_init(&m, CLLM_DTYPE_Q4_K, 256, 4);
-    float x[2 * 256] = {0}, y[2 * 8];
-    for (int i = 0; i < 16; i++)
+    static float x[(CLLM_MM_TILE + 1) * 256];
+    float y[(CLLM_MM_TILE + 1) * 8];
+    for (int i = 0; i < (CLLM_MM_TILE + 1) * 8; i++)
         y[i] = 5.0f;
-    size_t ss = cllm_cpu_matmul_scratch_size(CLLM_DTYPE_Q4_K, 256, 2);
+    size_t ss = cllm_cpu_matmul_scratch_size(CLLM_DTYPE_Q4_K, 256, CLLM_MM_TILE);
     uint8_t *scratch = malloc(ss);
     struct cllm_tensor t = m.t;
     CHECK(ss > 0);
@@ -368,9 +370,9 @@ static void test_errors(void)
     CHECK(cllm_cpu_matmul(NULL, &t, x, 2, y, 3, scratch, ss) == CLLM_ERR_INVALID_ARG); /* ldy < N */
     CHECK(cllm_cpu_matmul(NULL, &t, x, 2, y, 4, scratch, ss - 1) == CLLM_ERR_INVALID_ARG);
     CHECK(cllm_cpu_matmul(NULL, &t, x, 2, y, 4, NULL, ss) == CLLM_ERR_INVALID_ARG);
-    /* scratch for one token is too little for two */
-    CHECK(cllm_cpu_matmul(NULL, &t, x, 2, y, 4, scratch,
-                          cllm_cpu_matmul_scratch_size(CLLM_DTYPE_Q4_K, 256, 1)) ==
+    /* scratch for one tile of tokens is too little for one more */
+    CHECK(cllm_cpu_matmul(NULL, &t, x, CLLM_MM_TILE + 1, y, 4, scratch,
+                          cllm_cpu_matmul_scratch_size(CLLM_DTYPE_Q4_K, 256, CLLM_MM_TILE)) ==
           CLLM_ERR_INVALID_ARG);
     /* n_tokens = 0: nothing to do, nothing written */
     float y0 = 9.0f;

@@ -6,6 +6,7 @@
  * variants are accepted exactly when transformers renders them like the original; bad
  * messages are refused without touching the output.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,8 +86,8 @@ static int check_fixture_templates(const cJSON *root)
     {
         struct cllm_chat_template *t = NULL;
         char err[512] = "";
-        CHECKF(cllm_chat_template_init(&t, src->valuestring, err, sizeof err) == CLLM_OK,
-               "%s: %s", src->string, err);
+        CHECKF(cllm_chat_template_init(&t, src->valuestring, err, sizeof err) == CLLM_OK, "%s: %s",
+               src->string, err);
         if (!t)
             continue;
         n_real++;
@@ -237,8 +238,8 @@ static void check_refusals(void)
     check_refused("hello {{ world", CLLM_ERR_UNSUPPORTED, "not a template family", "garbage");
     check_refused("\x01\xff\xfe{%{{{#", CLLM_ERR_UNSUPPORTED, "not a template family", "bytes");
     check_refused("{{ '<|im_start|>", CLLM_ERR_UNSUPPORTED, "cannot read", "unterminated string");
-    check_refused("<|im_start|>{% for m in messages %}", CLLM_ERR_UNSUPPORTED,
-                  "differs from the", "chatml text");
+    check_refused("<|im_start|>{% for m in messages %}", CLLM_ERR_UNSUPPORTED, "differs from the",
+                  "chatml text");
     check_refused("{{ '<|im_start|>\\N{DIGIT ONE}' }}", CLLM_ERR_UNSUPPORTED, "cannot read",
                   "named escape");
     check_refused("{{ '<|im_start|>\\ud800' }}", CLLM_ERR_UNSUPPORTED, "cannot read",
@@ -250,6 +251,56 @@ static void check_refusals(void)
     char tiny[8];
     CHECK(cllm_chat_template_init(&t, llama3, tiny, sizeof tiny) == CLLM_ERR_UNSUPPORTED);
     CHECK(strlen(tiny) < sizeof tiny);
+}
+
+/* Mutated real templates (bytes deleted, inserted, overwritten, cut short) must be refused or
+ * accepted, never crash or leak (the tests run under ASan/UBSan). */
+static void check_mutations(const cJSON *root)
+{
+    const cJSON *src = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "real_sources"), 0);
+    if (!cJSON_IsString(src))
+        return;
+    static const char alphabet[] = "{}%#-+'\"\\\n \tx.[]()|";
+    size_t n = strlen(src->valuestring);
+    char *buf = malloc(n + 8);
+    uint32_t rng = 12345;
+    int accepted = 0, bad = 0;
+    for (int it = 0; it < 1000; it++) {
+        memcpy(buf, src->valuestring, n + 1);
+        size_t len = n;
+        for (int k = 0; k < 1 + it % 3; k++) {
+            rng = rng * 1664525u + 1013904223u;
+            size_t at = (rng >> 8) % len;
+            char c = alphabet[(rng >> 4) % (sizeof alphabet - 1)];
+            switch (rng % 4) {
+            case 0:
+                memmove(buf + at, buf + at + 1, len - at);
+                len--;
+                break;
+            case 1:
+                memmove(buf + at + 1, buf + at, len - at + 1);
+                buf[at] = c;
+                len++;
+                break;
+            case 2:
+                buf[at] = c;
+                break;
+            default:
+                buf[at] = '\0';
+                len = at ? at : 1;
+                break;
+            }
+        }
+        struct cllm_chat_template *t = NULL;
+        char err[256];
+        enum cllm_status st = cllm_chat_template_init(&t, buf, err, sizeof err);
+        bad += st != CLLM_OK && st != CLLM_ERR_UNSUPPORTED;
+        accepted += st == CLLM_OK;
+        cllm_chat_template_free(t);
+    }
+    CHECK(bad == 0);
+    CHECKF(accepted > 0 && accepted < 1000, "%d accepted", accepted);
+    free(buf);
 }
 
 static void check_messages(void)
@@ -266,11 +317,15 @@ static void check_messages(void)
     CHECK(cllm_chat_template_render(t, tool, 2, true, &out, err, sizeof err) ==
           CLLM_ERR_INVALID_ARG);
     CHECKF(strstr(err, "message 1") && strstr(err, "\"tool\""), "%s", err);
-    struct cllm_chat_message odd[1] = {{"function\n\x01\xc3\xa4-and-a-very-long-role-name-here",
-                                        "x", 1}};
+    struct cllm_chat_message odd[1] = {
+        {"function\n\x01\xc3\xa4-and-a-very-long-role-name-here", "x", 1}};
     CHECK(cllm_chat_template_render(t, odd, 1, true, &out, err, sizeof err) ==
           CLLM_ERR_INVALID_ARG);
-    CHECKF(strstr(err, "unknown role \"function?" "?" "?" "?-and-a-very-long-rol...\""), "%s", err);
+    CHECKF(strstr(err, "unknown role \"function?"
+                       "?"
+                       "?"
+                       "?-and-a-very-long-rol...\""),
+           "%s", err);
     struct cllm_chat_message no_role[1] = {{NULL, "x", 1}};
     CHECK(cllm_chat_template_render(t, no_role, 1, true, &out, err, sizeof err) ==
           CLLM_ERR_INVALID_ARG);
@@ -287,7 +342,8 @@ static void check_messages(void)
 
     /* Appends; content is bytes (NUL, invalid UTF-8, special-token text) taken verbatim, and a
      * NULL content of length 0 is empty. */
-    struct cllm_chat_message bytes[2] = {{"user", "a\0b\xff<|im_end|>", 14}, {"assistant", NULL, 0}};
+    struct cllm_chat_message bytes[2] = {{"user", "a\0b\xff<|im_end|>", 14},
+                                         {"assistant", NULL, 0}};
     CHECK(cllm_chat_template_render(t, bytes, 2, false, &out, err, sizeof err) == CLLM_OK);
     static const char want[] = "PREFIX<|im_start|>system\nYou are a pirate. Say 'arr'.<|im_end|>\n"
                                "<|im_start|>user\na\0b\xff<|im_end|><|im_end|>\n"
@@ -307,6 +363,7 @@ int main(void)
         printf("compared %d renders with transformers\n", compared);
         CHECK(compared > 1000);
         check_default_prompts(root);
+        check_mutations(root);
     }
     check_refusals();
     check_messages();

@@ -22,7 +22,7 @@
 /* --- activation quantization --- */
 
 static void quant_q8(const float *x, int64_t nb, int B, int G, int8_t *qs, float *d,
-                     int16_t *sums)
+                     int16_t *sums, int64_t step)
 {
     for (int64_t b = 0; b < nb; b++) {
         const float *xb = x + b * B;
@@ -33,23 +33,25 @@ static void quant_q8(const float *x, int64_t nb, int B, int G, int8_t *qs, float
             if (v > amax)
                 amax = v;
         }
-        const float id = cllm_q8_inv_scale(amax, &d[b]);
+        const float id = cllm_q8_inv_scale(amax, &d[b * step]);
         for (int i = 0; i < B; i++) {
             long q = lrintf(xb[i] * id);
             qb[i] = (int8_t)(q > 127 ? 127 : q < -127 ? -127 : q);
         }
     }
-    cllm_q8_group_sums(qs, nb * B, G, sums);
+    cllm_q8_group_sums(qs, nb, B, G, sums, step);
 }
 
-static void quant_q8_0(const float *x, int64_t nb, int8_t *qs, float *d, int16_t *sums)
+static void quant_q8_0(const float *x, int64_t nb, int8_t *qs, float *d, int16_t *sums,
+                       int64_t step)
 {
-    quant_q8(x, nb, 32, 32, qs, d, sums);
+    quant_q8(x, nb, 32, 32, qs, d, sums, step);
 }
 
-static void quant_q8_k(const float *x, int64_t nb, int8_t *qs, float *d, int16_t *sums)
+static void quant_q8_k(const float *x, int64_t nb, int8_t *qs, float *d, int16_t *sums,
+                       int64_t step)
 {
-    quant_q8(x, nb, 256, 16, qs, d, sums);
+    quant_q8(x, nb, 256, 16, qs, d, sums, step);
 }
 
 /* --- K-quants against Q8_K-style activations --- */
@@ -91,7 +93,7 @@ static void dot_q45_k(const uint8_t *w, int64_t nb, const struct cllm_act_view *
         const float d = cllm_f16_to_f32(dh), dmin = cllm_f16_to_f32(mh);
         for (int t = 0; t < nt; t++) {
             const int8_t *x = tk.qs[t] + b * CLLM_QK_K;
-            const int16_t *bs = tk.sums[t] + b * 16;
+            const int16_t *bs = tk.sums + (b * tk.step + t) * 16;
             int32_t isum = 0, msum = 0;
             for (int j = 0; j < 8; j++) {
                 int32_t s = 0;
@@ -100,7 +102,7 @@ static void dot_q45_k(const uint8_t *w, int64_t nb, const struct cllm_act_view *
                 isum += sc[j] * s;
                 msum += m[j] * (bs[2 * j] + bs[2 * j + 1]);
             }
-            const float dx = tk.d[t][b];
+            const float dx = tk.d[b * tk.step + t];
             acc[t] = acc[t] + (dx * d) * (float)isum;
             acc[t] = acc[t] - (dx * dmin) * (float)msum;
         }
@@ -146,7 +148,7 @@ static void dot_q6_k(const void *w, int64_t K, const struct cllm_act_view *a, in
         const float d = cllm_f16_to_f32(blk.d);
         for (int t = 0; t < nt; t++) {
             const int8_t *x = tk.qs[t] + b * CLLM_QK_K;
-            const int16_t *bs = tk.sums[t] + b * 16;
+            const int16_t *bs = tk.sums + (b * tk.step + t) * 16;
             int32_t isum = 0, corr = 0;
             for (int j = 0; j < 16; j++) {
                 int32_t s = 0;
@@ -156,7 +158,7 @@ static void dot_q6_k(const void *w, int64_t K, const struct cllm_act_view *a, in
                 corr += blk.scales[j] * bs[j];
             }
             isum -= 32 * corr;
-            acc[t] = acc[t] + (tk.d[t][b] * d) * (float)isum;
+            acc[t] = acc[t] + (tk.d[b * tk.step + t] * d) * (float)isum;
         }
     }
     store_tile(acc, nt, y, ldy);
@@ -224,12 +226,12 @@ static void dot_legacy(enum cllm_dtype type, const uint8_t *w, int64_t K,
         legacy_decode(type, w, q, &dw, &mw, &off);
         for (int t = 0; t < nt; t++) {
             const int8_t *x = tk.qs[t] + b * CLLM_QK;
-            const int32_t sx = tk.sums[t][b];
+            const int32_t sx = tk.sums[b * tk.step + t];
             int32_t isum = 0;
             for (int j = 0; j < 32; j++)
                 isum += q[j] * x[j];
             isum -= off * sx;
-            const float dx = tk.d[t][b];
+            const float dx = tk.d[b * tk.step + t];
             acc[t] = acc[t] + (dx * dw) * (float)isum;
             if (has_min)
                 acc[t] = acc[t] + (dx * mw) * (float)sx;

@@ -10,6 +10,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <string.h>
 
 #include "backend/cpu/quant_dot.h"
 #include "core/alloc.h"
@@ -56,13 +57,14 @@ size_t cllm_cpu_matmul_scratch_size(enum cllm_dtype wtype, int64_t K, int64_t n_
 {
     const struct cllm_dtype_traits *tr = cllm_dtype_traits(wtype);
     enum cllm_act_kind kind = cllm_act_kind_of(wtype);
-    size_t stride, off_d, off_sums;
+    size_t tile_bytes, off_d, off_sums;
     uint64_t bytes;
-    if (!tr || kind == CLLM_ACT_F32 || n_tokens <= 0 ||
-        !cllm_act_row_layout(kind, K, &stride, &off_d, &off_sums))
+    if (!tr || kind == CLLM_ACT_F32 || n_tokens <= 0 || n_tokens > INT64_MAX - CLLM_MM_TILE ||
+        !cllm_act_tile_layout(kind, K, &tile_bytes, &off_d, &off_sums))
         return 0;
+    const uint64_t n_tiles = (uint64_t)(n_tokens + CLLM_MM_TILE - 1) / CLLM_MM_TILE;
     /* + 64: room to align the caller's buffer */
-    if (!cllm_mul_u64(stride, (uint64_t)n_tokens, &bytes) || !cllm_add_u64(bytes, 64, &bytes) ||
+    if (!cllm_mul_u64(tile_bytes, n_tiles, &bytes) || !cllm_add_u64(bytes, 64, &bytes) ||
         bytes > SIZE_MAX)
         return 0;
     return (size_t)bytes;
@@ -77,8 +79,9 @@ struct mm_job {
     const float *x;             /* [n_tokens][K] */
     float *y;                   /* [n_tokens][ldy] */
     int64_t ldy;
-    uint8_t *act;               /* quantized rows [n_tokens][act.stride], or NULL for F32 */
-    struct cllm_act_view view;  /* token 0 of the activations the kernels read */
+    uint8_t *act;               /* quantized tiles (quant_dot.h), or NULL for F32 */
+    size_t tile_bytes;          /* bytes per tile of quantized activations */
+    struct cllm_act_view view;  /* tile 0 of the activations (F32: token 0's row) */
     int64_t B, G;               /* activation block and group sizes */
     int64_t row_chunk, token_chunk;
 };
@@ -91,12 +94,14 @@ static void quant_task(void *ctx, int ith, int nth)
     int64_t u, u1;
     cllm_split_rows(j->n_tokens * nbk, ith, nth, &u, &u1);
     while (u < u1) {
-        const int64_t t = u / nbk, b = u % nbk;
+        const int64_t t = u / nbk, b = u % nbk, slot = t % CLLM_MM_TILE;
         const int64_t n = nbk - b < u1 - u ? nbk - b : u1 - u;
-        uint8_t *row = j->act + (size_t)t * j->view.stride;
-        j->quant(j->x + t * j->K + b * j->B, n, (int8_t *)row + b * j->B,
-                 (float *)(void *)(row + j->view.off_d) + b,
-                 (int16_t *)(void *)(row + j->view.off_sums) + b * (j->B / j->G));
+        uint8_t *tile = j->act + (size_t)(t / CLLM_MM_TILE) * j->tile_bytes;
+        j->quant(j->x + t * j->K + b * j->B, n, (int8_t *)tile + slot * j->K + b * j->B,
+                 (float *)(void *)(tile + j->view.off_d) + b * j->view.step + slot,
+                 (int16_t *)(void *)(tile + j->view.off_sums) +
+                     (b * j->view.step + slot) * (j->B / j->G),
+                 j->view.step);
         u += n;
     }
 }
@@ -113,7 +118,8 @@ static void dot_task(void *ctx, int ith, int nth)
             for (int64_t tt = t0; tt < t1; tt += CLLM_MM_TILE) {
                 const int nt = (int)(t1 - tt < CLLM_MM_TILE ? t1 - tt : CLLM_MM_TILE);
                 struct cllm_act_view v = j->view;
-                v.base += (size_t)tt * v.stride;
+                v.base += j->act ? (size_t)(tt / CLLM_MM_TILE) * j->tile_bytes
+                                 : (size_t)tt * v.stride;
                 float *y = j->y + tt * j->ldy;
                 for (int64_t r = rb; r < re; r++)
                     j->dot(j->w + (size_t)r * j->row_bytes, j->K, &v, nt, y + r, j->ldy);
@@ -160,25 +166,33 @@ enum cllm_status cllm_cpu_matmul(struct cllm_threadpool *tp, const struct cllm_t
     if (!j.dot)
         return CLLM_ERR_INVALID_ARG;
     if (kind == CLLM_ACT_F32) {
-        j.view = (struct cllm_act_view){(const uint8_t *)x, (size_t)K * sizeof(float), 0, 0};
+        j.view = (struct cllm_act_view){(const uint8_t *)x, (size_t)K * sizeof(float), 0, 0, 1};
     } else {
         const size_t need = cllm_cpu_matmul_scratch_size(w->dtype, K, n_tokens);
         if (!need || !scratch || scratch_size < need || !j.quant)
             return CLLM_ERR_INVALID_ARG;
-        cllm_act_row_layout(kind, K, &j.view.stride, &j.view.off_d, &j.view.off_sums);
+        cllm_act_tile_layout(kind, K, &j.tile_bytes, &j.view.off_d, &j.view.off_sums);
         j.act = (uint8_t *)(((uintptr_t)scratch + 63u) & ~(uintptr_t)63u);
         j.view.base = j.act;
+        j.view.stride = (size_t)K;
+        j.view.step = n_tokens == 1 ? 1 : CLLM_MM_TILE;
         j.B = cllm_act_block(kind);
         j.G = cllm_act_group(kind);
     }
     j.row_chunk = (int64_t)(ROW_CHUNK_BYTES / j.row_bytes);
     if (j.row_chunk < 1)
         j.row_chunk = 1;
-    j.token_chunk = (int64_t)(TOKEN_CHUNK_BYTES / j.view.stride) / CLLM_MM_TILE * CLLM_MM_TILE;
+    const size_t tile_bytes = j.act ? j.tile_bytes : CLLM_MM_TILE * j.view.stride;
+    j.token_chunk = (int64_t)(TOKEN_CHUNK_BYTES / tile_bytes) * CLLM_MM_TILE;
     if (j.token_chunk < CLLM_MM_TILE)
         j.token_chunk = CLLM_MM_TILE;
 
     if (j.act) {
+        if (n_tokens % CLLM_MM_TILE) {
+            /* the last tile's empty slots: zero scales and sums, which the kernels read */
+            uint8_t *pad = j.act + (size_t)(n_tokens / CLLM_MM_TILE) * j.tile_bytes;
+            memset(pad + j.view.off_d, 0, j.tile_bytes - j.view.off_d);
+        }
         if (n_tokens * K <= QUANT_SERIAL_ELEMS)
             quant_task(&j, 0, 1);
         else

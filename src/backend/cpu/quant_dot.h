@@ -1,14 +1,16 @@
 /*
  * Internal contract between the matmul driver (matmul.c) and its kernels (dot_ref.c, the scalar
- * reference; dot_avx2.c): the layout of quantized activation rows, the kernel signatures and
- * the per-ISA kernel table.
+ * reference; dot_avx2.c): the layout of quantized activations, the kernel signatures and the
+ * per-ISA kernel table.
  *
- * Quantized activation row of K elements (struct of arrays, so the quants stay 32-byte aligned):
- *   int8_t  qs[K]          x[k] ~= d[k / B] * qs[k], qs in [-127, 127], rounded to nearest even
- *   float   d[K / B]       block scales: amax / 127 of the block
- *   int16_t sums[K / G]    sums of qs over groups of G consecutive elements
- * padded to 64 bytes. Q8_0-style (for legacy weights): B = G = 32. Q8_K-style (K-quant weights):
- * B = 256, G = 16.
+ * Quantized activations are stored in tiles of CLLM_MM_TILE tokens (T), the unit a kernel call
+ * works on; the scales and sums of a tile's tokens sit side by side so one vector load fetches
+ * them for the whole tile:
+ *   int8_t  qs[T][K]             x[k] ~= d[k / B] * qs[k], qs in [-127, 127], round to nearest even
+ *   float   d[K / B][T]          block scales: amax / 127 of the block (0 for padding slots)
+ *   int16_t sums[K / B][T][B/G]  sums of qs over groups of G consecutive elements
+ * each part starting 64-byte aligned. Q8_0-style (legacy weights): B = G = 32. Q8_K-style
+ * (K-quant weights): B = 256, G = 16.
  */
 #ifndef CLLM_BACKEND_CPU_QUANT_DOT_H
 #define CLLM_BACKEND_CPU_QUANT_DOT_H
@@ -58,14 +60,15 @@ static inline int64_t cllm_act_group(enum cllm_act_kind k)
     return k == CLLM_ACT_Q8_K ? 16 : 32;
 }
 
-/* A tile of activation rows as the kernels see it. Token t's row starts at base + t * stride;
- * for F32 it is K floats, for quantized kinds the layout above with d[] at byte off_d and
- * sums[] at byte off_sums. */
+/* A tile of activations as the kernels see it. Token t's row starts at base + t * stride: K
+ * floats for F32, K quants for quantized kinds, whose d[] and sums[] start at base + off_d and
+ * base + off_sums. */
 struct cllm_act_view {
     const uint8_t *base;
     size_t stride;
     size_t off_d;
     size_t off_sums;
+    int64_t step; /* d[] and sums[] step between blocks: CLLM_MM_TILE, or 1 for a lone token */
 };
 
 /*
@@ -82,9 +85,11 @@ struct cllm_act_view {
 typedef void (*cllm_dot_fn)(const void *w, int64_t K, const struct cllm_act_view *a, int nt,
                             float *y, int64_t ldy);
 
-/* Quantizes nb consecutive blocks of x (nb * B floats) into qs[nb * B], d[nb], sums[nb * B / G].
- * Scalar and AVX2 quantizers produce identical bytes. */
-typedef void (*cllm_quant_fn)(const float *x, int64_t nb, int8_t *qs, float *d, int16_t *sums);
+/* Quantizes nb consecutive blocks of x (nb * B floats) into qs[nb * B] and, for block b,
+ * d[b * step] and sums[b * step * (B / G) + g] (step as in struct cllm_act_tile). Scalar and
+ * AVX2 quantizers produce identical bytes. */
+typedef void (*cllm_quant_fn)(const float *x, int64_t nb, int8_t *qs, float *d, int16_t *sums,
+                              int64_t step);
 
 struct cllm_matmul_kernels {
     const char *isa;                 /* "scalar", "avx2" */
@@ -92,22 +97,24 @@ struct cllm_matmul_kernels {
     cllm_dot_fn dot[CLLM_DTYPE_COUNT]; /* by weight dtype */
 };
 
-/* Per-token pointers of a tile: tokens past nt alias token 0 so SIMD code may read them. */
+/* A tile's pointers: token rows (slots past nt alias slot 0 so SIMD code may read them), and
+ * d[b * step + t], sums[(b * step + t) * (B / G) + g]. A call with one token in all
+ * (decode) keeps its scales and sums contiguous (step 1); otherwise step is T. */
 struct cllm_act_tile {
     const int8_t *qs[CLLM_MM_TILE];
-    const float *d[CLLM_MM_TILE];
-    const int16_t *sums[CLLM_MM_TILE];
+    const float *d;
+    const int16_t *sums;
+    int64_t step;
 };
 
 static inline void cllm_act_tile_init(struct cllm_act_tile *tk, const struct cllm_act_view *a,
                                       int nt)
 {
-    for (int t = 0; t < CLLM_MM_TILE; t++) {
-        const uint8_t *row = a->base + (size_t)(t < nt ? t : 0) * a->stride;
-        tk->qs[t] = (const int8_t *)row;
-        tk->d[t] = (const float *)(const void *)(row + a->off_d);
-        tk->sums[t] = (const int16_t *)(const void *)(row + a->off_sums);
-    }
+    for (int t = 0; t < CLLM_MM_TILE; t++)
+        tk->qs[t] = (const int8_t *)(a->base + (size_t)(t < nt ? t : 0) * a->stride);
+    tk->d = (const float *)(const void *)(a->base + a->off_d);
+    tk->sums = (const int16_t *)(const void *)(a->base + a->off_sums);
+    tk->step = a->step;
 }
 
 /* The scale d (x ~= d * q) and inverse scale of a block whose largest magnitude is amax. Blocks
@@ -122,14 +129,17 @@ static inline float cllm_q8_inv_scale(float amax, float *d)
     return 127.0f / amax;
 }
 
-/* sums[g] = sum of qs[g * G .. g * G + G - 1] for g < n / G. */
-static inline void cllm_q8_group_sums(const int8_t *qs, int64_t n, int G, int16_t *sums)
+/* The group sums of nb blocks of B quants, stored as described for cllm_quant_fn. */
+static inline void cllm_q8_group_sums(const int8_t *qs, int64_t nb, int B, int G, int16_t *sums,
+                                      int64_t step)
 {
-    for (int64_t g = 0; g < n / G; g++) {
-        int s = 0;
-        for (int i = 0; i < G; i++)
-            s += qs[g * G + i];
-        sums[g] = (int16_t)s;
+    for (int64_t b = 0; b < nb; b++) {
+        for (int g = 0; g < B / G; g++) {
+            int s = 0;
+            for (int i = 0; i < G; i++)
+                s += qs[b * B + g * G + i];
+            sums[b * step * (B / G) + g] = (int16_t)s;
+        }
     }
 }
 
@@ -157,20 +167,21 @@ const struct cllm_matmul_kernels *cllm_matmul_kernels_scalar(void);
 const struct cllm_matmul_kernels *cllm_matmul_kernels_avx2(void);
 #endif
 
-/* Bytes of one quantized activation row (64-byte multiple) and the offsets of d[] and sums[];
- * false if K is not a positive multiple of the block size or the size overflows. */
-static inline bool cllm_act_row_layout(enum cllm_act_kind k, int64_t K, size_t *stride,
-                                       size_t *off_d, size_t *off_sums)
+/* Bytes of one tile of quantized activations (a 64-byte multiple) and the offsets of d[] and
+ * sums[] in it; false if K is not a positive multiple of the block size. */
+static inline bool cllm_act_tile_layout(enum cllm_act_kind k, int64_t K, size_t *tile_bytes,
+                                        size_t *off_d, size_t *off_sums)
 {
     const int64_t B = cllm_act_block(k), G = cllm_act_group(k);
     if (K <= 0 || K % B != 0 || K > (int64_t)1 << 40)
         return false;
-    uint64_t od = (uint64_t)K;
-    uint64_t os = od + 4u * (uint64_t)(K / B);
-    uint64_t end = os + 2u * (uint64_t)(K / G);
+    const uint64_t T = CLLM_MM_TILE;
+    uint64_t od = (T * (uint64_t)K + 63u) & ~(uint64_t)63u;
+    uint64_t os = (od + 4u * T * (uint64_t)(K / B) + 63u) & ~(uint64_t)63u;
+    uint64_t end = os + 2u * T * (uint64_t)(K / G);
     *off_d = (size_t)od;
     *off_sums = (size_t)os;
-    *stride = (size_t)((end + 63u) & ~(uint64_t)63u);
+    *tile_bytes = (size_t)((end + 63u) & ~(uint64_t)63u);
     return true;
 }
 

@@ -1,0 +1,208 @@
+/*
+ * The engine on the real small model:
+ *   - batch invariance: each workload question's greedy answer is byte-identical whether it
+ *     runs alone or together with 11 others, and again under memory pressure that forces
+ *     preemption and recomputation;
+ *   - cancellation frees the request's KV blocks within a step;
+ *   - prompts beyond the context window and a full queue are refused with clear errors.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "core/mmap.h"
+#include "engine/engine.h"
+#include "test.h"
+
+#define N_Q 12
+#define GEN 24
+
+static struct cllm_model_files *mf;
+static struct cllm_ids prompts[N_Q];
+
+static void load_prompts(void)
+{
+    char path[4096], err[256], *text;
+    size_t len;
+    snprintf(path, sizeof path, "%s/pmpp_questions.json", test_env("CLLM_WORKLOAD"));
+    if (cllm_read_file(path, 1 << 24, &text, &len, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        exit(1);
+    }
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    for (int i = 0; i < N_Q; i++) {
+        const char *q = cJSON_GetArrayItem(root, i * 7)->valuestring;
+        struct cllm_buf b = {0};
+        cllm_buf_appendf(&b, "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+                             "<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n", q);
+        cllm_tokenize(mf->tok, b.data, b.len, &prompts[i]);
+        cllm_buf_free(&b);
+    }
+    cJSON_Delete(root);
+    free(text);
+}
+
+static void params(struct cllm_request_params *p, int32_t max_tokens)
+{
+    memset(p, 0, sizeof *p);
+    cllm_sampling_params_default(&p->sampling);
+    p->max_tokens = max_tokens;
+    p->stop_ids[p->n_stop_ids++] = 151645;
+}
+
+/* Runs questions [0, n) with at most `together` in flight; answers[i] gets the text. */
+static void run(struct cllm_engine *e, int n, int together, struct cllm_buf *answers)
+{
+    struct cllm_request *reqs[N_Q] = {0};
+    struct cllm_request_output outs[N_Q];
+    memset(outs, 0, sizeof outs);
+    struct cllm_request_params p;
+    params(&p, GEN);
+    char err[256];
+    for (int start = 0; start < n; start += together) {
+        int end = start + together < n ? start + together : n;
+        for (int i = start; i < end; i++)
+            CHECKF(cllm_engine_submit(e, prompts[i].v, (int32_t)prompts[i].n, &p, &reqs[i], err,
+                                      sizeof err) == CLLM_OK, "%s", err);
+        for (int i = start; i < end; i++) {
+            if (!reqs[i])
+                continue;
+            while (!cllm_request_poll(reqs[i], -1, &outs[i]))
+                ;
+            CHECK(outs[i].reason == CLLM_FINISH_STOP || outs[i].reason == CLLM_FINISH_LENGTH);
+            answers[i] = outs[i].text;
+            cllm_request_release(reqs[i]);
+        }
+    }
+}
+
+static struct cllm_engine *engine(int64_t kv_bytes, int32_t batch_tokens, int32_t n_ctx,
+                                  int32_t max_queue)
+{
+    struct cllm_engine_config c;
+    cllm_engine_config_default(&c);
+    c.n_threads = 2;
+    c.kv_bytes = kv_bytes;
+    c.max_batch_tokens = batch_tokens;
+    c.max_seqs = 16;
+    c.n_ctx = n_ctx;
+    c.max_queue = max_queue;
+    char err[512];
+    struct cllm_engine *e = NULL;
+    CHECKF(cllm_engine_new(&e, mf, &c, err, sizeof err) == CLLM_OK, "%s", err);
+    return e;
+}
+
+static void test_invariance(void)
+{
+    struct cllm_buf alone[N_Q] = {0}, batched[N_Q] = {0}, squeezed[N_Q] = {0};
+    struct cllm_engine *e = engine(0, 256, 512, 0);
+    if (!e)
+        return;
+    run(e, N_Q, 1, alone);
+    run(e, N_Q, N_Q, batched);
+    struct cllm_engine_stats st;
+    cllm_engine_stats(e, &st);
+    printf("batched run: %llu steps, prefix cache hits %llu of %llu blocks\n",
+           (unsigned long long)st.steps, (unsigned long long)st.prefix_hits,
+           (unsigned long long)st.prefix_queries);
+    CHECK(st.prefix_hits > 0);
+    cllm_engine_free(e);
+    /* 16 blocks of 16 tokens: about three sequences fit, so the rest wait or are preempted. */
+    int64_t per_token = 24 * 2 * 2 * 64 * 4; /* layers x (K,V) x kv heads x head dim x F32 */
+    e = engine(per_token * 16 * 16, 64, 256, 0);
+    if (!e)
+        return;
+    run(e, N_Q, N_Q, squeezed);
+    cllm_engine_stats(e, &st);
+    printf("squeezed run: %llu steps, %llu preemptions\n", (unsigned long long)st.steps,
+           (unsigned long long)st.preemptions);
+    CHECK(st.preemptions > 0);
+    CHECK(st.kv_blocks_used == 0);
+    cllm_engine_free(e);
+    for (int i = 0; i < N_Q; i++) {
+        CHECKF(alone[i].len > 0 && batched[i].len == alone[i].len &&
+                   memcmp(batched[i].data, alone[i].data, alone[i].len) == 0,
+               "question %d: batched answer differs:\n  alone:   %s\n  batched: %s", i,
+               alone[i].data, batched[i].data);
+        CHECKF(squeezed[i].len == alone[i].len &&
+                   memcmp(squeezed[i].data, alone[i].data, alone[i].len) == 0,
+               "question %d: answer under preemption differs", i);
+        cllm_buf_free(&alone[i]);
+        cllm_buf_free(&batched[i]);
+        cllm_buf_free(&squeezed[i]);
+    }
+}
+
+static void test_cancel_and_limits(void)
+{
+    struct cllm_engine *e = engine(0, 128, 128, 2);
+    if (!e)
+        return;
+    struct cllm_request_params p;
+    params(&p, 100);
+    p.n_stop_ids = 0;
+    char err[256] = "";
+    struct cllm_request *r;
+    CHECK(cllm_engine_submit(e, prompts[0].v, (int32_t)prompts[0].n, &p, &r, err, sizeof err) ==
+          CLLM_OK);
+    struct cllm_request_output o = {0};
+    while (!cllm_request_poll(r, -1, &o) && o.n_generated < 2)
+        ;
+    cllm_request_cancel(r);
+    while (!cllm_request_poll(r, -1, &o))
+        ;
+    CHECK(o.reason == CLLM_FINISH_CANCELLED && o.n_generated < 100);
+    cllm_request_release(r);
+    cllm_buf_free(&o.text);
+    struct cllm_engine_stats st;
+    for (int i = 0; i < 100; i++) { /* stats are published after each loop of the engine */
+        cllm_engine_stats(e, &st);
+        if (st.kv_blocks_used == 0 && st.running == 0)
+            break;
+        usleep(10000);
+    }
+    CHECK(st.kv_blocks_used == 0 && st.running == 0);
+
+    int32_t long_prompt[200];
+    for (int i = 0; i < 200; i++)
+        long_prompt[i] = prompts[1].v[i % prompts[1].n];
+    CHECK(cllm_engine_submit(e, long_prompt, 200, &p, &r, err, sizeof err) == CLLM_ERR_RANGE);
+    CHECK(strstr(err, "context window") != NULL);
+    CHECK(cllm_engine_submit(e, long_prompt, 0, &p, &r, err, sizeof err) == CLLM_ERR_INVALID_ARG);
+    p.sampling.top_p = 2.0f;
+    CHECK(cllm_engine_submit(e, long_prompt, 5, &p, &r, err, sizeof err) == CLLM_ERR_RANGE);
+    CHECK(strstr(err, "top_p") != NULL);
+    long_prompt[0] = 10000000;
+    p.sampling.top_p = 1.0f;
+    CHECK(cllm_engine_submit(e, long_prompt, 5, &p, &r, err, sizeof err) == CLLM_ERR_RANGE);
+    /* Freeing the engine with requests in flight finishes them as cancelled. */
+    struct cllm_request *a, *b;
+    p.max_tokens = 50;
+    CHECK(cllm_engine_submit(e, prompts[2].v, (int32_t)prompts[2].n, &p, &a, err, sizeof err) == CLLM_OK);
+    CHECK(cllm_engine_submit(e, prompts[3].v, (int32_t)prompts[3].n, &p, &b, err, sizeof err) == CLLM_OK);
+    cllm_engine_free(e);
+    CHECK(cllm_request_poll(a, 0, &o) && cllm_request_poll(b, 0, &o));
+    cllm_buf_free(&o.text);
+    cllm_request_release(a);
+    cllm_request_release(b);
+}
+
+int main(void)
+{
+    char err[1024];
+    if (cllm_model_files_open(&mf, test_env("CLLM_TEST_GGUF"), err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    load_prompts();
+    test_invariance();
+    test_cancel_and_limits();
+    for (int i = 0; i < N_Q; i++)
+        cllm_ids_free(&prompts[i]);
+    cllm_model_files_free(mf);
+    return test_summary();
+}
