@@ -133,7 +133,7 @@ static char **read_workload(const char *path, int *n)
 }
 
 static int workload(struct cllm_engine *e, const struct cllm_model_files *mf, const char *path,
-                    int concurrency, const struct cllm_request_params *p)
+                    int concurrency, bool raw, const struct cllm_request_params *p)
 {
     int n;
     char **qs = read_workload(path, &n);
@@ -148,7 +148,7 @@ static int workload(struct cllm_engine *e, const struct cllm_model_files *mf, co
     int rc = 0;
     for (int i = 0; i < n && rc == 0; i++) {
         struct cllm_buf rendered = {0};
-        if (cllm_cmd_render_prompt(mf, false, NULL, qs[i], strlen(qs[i]), &rendered, err,
+        if (cllm_cmd_render_prompt(mf, raw, NULL, qs[i], strlen(qs[i]), &rendered, err,
                                    sizeof err) ||
             cllm_tokenize(mf->tok, rendered.data, rendered.len, &ids[i])) {
             fprintf(stderr, "cllm: question %d: %s\n", i, err);
@@ -188,6 +188,16 @@ static int workload(struct cllm_engine *e, const struct cllm_model_files *mf, co
     double wall = cllm_cmd_now() - t0;
     double *ttft = calloc((size_t)n, sizeof *ttft), *itl = NULL;
     size_t n_itl = 0, cap_itl = 0;
+    /* Steady-state decode: tokens delivered after every request has its first token, over
+     * that window (what llama-batched-bench calls S_TG when all start together). */
+    double all_started = 0, t_end = 0;
+    for (int i = 0; i < n && reqs[i]; i++) {
+        if (outs[i].t_first_token > all_started)
+            all_started = outs[i].t_first_token;
+        if (outs[i].t_finish > t_end)
+            t_end = outs[i].t_finish;
+    }
+    long long steady_tokens = 0;
     for (int i = 0; i < n && reqs[i]; i++) {
         ttft[i] = outs[i].t_first_token - outs[i].t_submit;
         int32_t k = cllm_request_token_times(reqs[i], NULL, 0);
@@ -199,6 +209,8 @@ static int workload(struct cllm_engine *e, const struct cllm_model_files *mf, co
         }
         for (int32_t j = 1; j < k; j++)
             itl[n_itl++] = t[j] - t[j - 1];
+        for (int32_t j = 0; j < k; j++)
+            steady_tokens += t[j] > all_started;
         free(t);
     }
     if (rc == 0)
@@ -206,11 +218,13 @@ static int workload(struct cllm_engine *e, const struct cllm_model_files *mf, co
                "  wall %.2f s, %lld prompt tokens (%lld from the prefix cache), %lld output "
                "tokens, %.1f output tok/s\n"
                "  time to first token p50 %.0f ms, p99 %.0f ms; inter-token latency p50 %.1f ms, "
-               "p99 %.1f ms\n",
+               "p99 %.1f ms\n"
+               "  decode throughput %.1f tok/s (after all requests started)\n",
                path, n, concurrency, p->max_tokens, wall, prompt, cached, generated,
                generated / wall, quantile(ttft, (size_t)n, 0.5) * 1e3,
                quantile(ttft, (size_t)n, 0.99) * 1e3, quantile(itl, n_itl, 0.5) * 1e3,
-               quantile(itl, n_itl, 0.99) * 1e3);
+               quantile(itl, n_itl, 0.99) * 1e3,
+               t_end > all_started ? steady_tokens / (t_end - all_started) : 0.0);
     for (int i = 0; i < n; i++) {
         cllm_request_release(reqs[i]);
         cllm_buf_free(&outs[i].text);
@@ -229,10 +243,13 @@ int cllm_cmd_bench(int argc, char **argv)
                                          {"prompt-tokens", required_argument, 0, 'P'},
                                          {"gen-tokens", required_argument, 0, 'G'},
                                          {"runs", required_argument, 0, 'R'},
+                                         {"raw-prompts", no_argument, 0, 'W'},
+                                         {"ignore-eos", no_argument, 0, 'E'},
                                          {"help", no_argument, 0, 'h'},
                                          CLLM_GEN_LONG_OPTIONS,
                                          {0, 0, 0, 0}};
     const char *model = NULL, *work = NULL;
+    bool raw = false, ignore_eos = false;
     int concurrency = 1 << 20, runs = 5;
     int32_t prompt_tokens = 512, gen_tokens = 128;
     struct cllm_gen_opts g;
@@ -246,13 +263,15 @@ int cllm_cmd_bench(int argc, char **argv)
         case 'P': prompt_tokens = atoi(optarg); break;
         case 'G': gen_tokens = atoi(optarg); break;
         case 'R': runs = atoi(optarg); break;
+        case 'W': raw = true; break;
+        case 'E': ignore_eos = true; break;
         default:
             if (cllm_gen_opts_parse(&g, c, optarg) == 1)
                 break;
             fprintf(c == 'h' ? stdout : stderr,
                     "usage: cllm bench --model PATH [--prompt-tokens N] [--gen-tokens N] [--runs N]\n"
                     "       cllm bench --model PATH --workload FILE.json [--concurrency N] "
-                    "[--max-tokens M]\n" CLLM_GEN_USAGE);
+                    "[--max-tokens M] [--raw-prompts] [--ignore-eos]\n" CLLM_GEN_USAGE);
             return c == 'h' ? 0 : 2;
         }
     }
@@ -266,6 +285,8 @@ int cllm_cmd_bench(int argc, char **argv)
         return 1;
     struct cllm_request_params p;
     cllm_gen_opts_params(&g, mf, &p);
+    if (ignore_eos)
+        p.n_stop_ids = 0;
     if (!work) {
         g.engine.max_seqs = 1;
         g.engine.prefix_cache = false;
@@ -281,7 +302,7 @@ int cllm_cmd_bench(int argc, char **argv)
         fprintf(stderr, "cllm: %s\n", err);
     } else {
         int threads = g.engine.n_threads ? g.engine.n_threads : cllm_cpu_physical_cores();
-        rc = work ? workload(e, mf, work, concurrency, &p)
+        rc = work ? workload(e, mf, work, concurrency, raw, &p)
                   : single(e, mf, prompt_tokens, gen_tokens, runs, threads);
         cllm_engine_free(e);
     }
