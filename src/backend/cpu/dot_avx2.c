@@ -152,7 +152,8 @@ INLINE __m256i bcast16_ctl(int j)
 
 /*
  * Runs fn(..., nt, NT) with NT a compile-time constant (1, 4 or 8) no smaller than nt, so
- * per-token arrays live in registers. Slots nt..NT-1 compute on token 0's data and are dropped.
+ * per-token arrays live in registers. Slots nt..NT-1 read token 0's quants with the zero scales
+ * of the tile's padding, and their results are dropped.
  */
 #define TILE_DISPATCH(fn, ...)                                                                     \
     do {                                                                                           \

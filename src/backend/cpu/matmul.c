@@ -1,10 +1,11 @@
 /*
- * The matmul driver: validates shapes, quantizes the activations once per call into scratch
- * (split over threads by blocks), then splits the output rows N into one contiguous chunk per
- * thread. Each thread walks its rows in cache-sized chunks and, for each weight row, runs the
- * kernel on tiles of CLLM_MM_TILE tokens, so a weight block is decoded once per tile (GEMM, not
- * repeated GEMV). Every output element is computed by exactly one kernel call whose arithmetic
- * for a token does not depend on the other tokens of the tile, nor on the thread count.
+ * The matmul driver: validates shapes, quantizes the activations once per call into scratch,
+ * then hands out (token chunk, row range) work items to the pool's threads. For each weight row
+ * of an item the kernel runs on tiles of CLLM_MM_TILE tokens, so a weight block is decoded once
+ * per tile (GEMM, not repeated GEMV), while the row range stays in cache across the tiles.
+ * Every output element is computed by exactly one kernel call whose arithmetic for a token does
+ * not depend on the other tokens of the tile, nor on which thread runs it, so results do not
+ * depend on the thread count or the batch.
  */
 #include "backend/cpu/matmul.h"
 
@@ -17,8 +18,18 @@
 
 /* Weight bytes of one row chunk: stays in L1/L2 while every token tile passes over it. */
 #define ROW_CHUNK_BYTES (16u << 10)
-/* Activation bytes of one token chunk: stays in L2 while the row chunks of a thread pass. */
+/* Activation bytes of one token chunk: stays in L2 while the row chunks pass over it. */
 #define TOKEN_CHUNK_BYTES (192u << 10)
+/* Weight bytes of one work item: small enough to balance threads, large enough that taking
+ * items costs nothing. Decode-sized calls (one tile) stream weights, so they take more. */
+#define ITEM_BYTES (16u << 10)
+#define DECODE_ITEM_BYTES (64u << 10)
+/* Float weights: their kernels hold four tokens in registers; four rows of f32 activations
+ * plus a row chunk of FLOAT_ROW_CHUNK_BYTES stay in the 32 KiB L1 cache while rows pass. */
+#define FLOAT_TILE 4
+#define FLOAT_ROW_CHUNK_BYTES (8u << 10)
+/* Activation blocks per quantization work item. */
+#define QUANT_ITEM_BLOCKS 16
 /* Below this many activations, quantizing on the caller beats waking the pool. */
 #define QUANT_SERIAL_ELEMS 32768
 
@@ -83,48 +94,69 @@ struct mm_job {
     size_t tile_bytes;          /* bytes per tile of quantized activations */
     struct cllm_act_view view;  /* tile 0 of the activations (F32: token 0's row) */
     int64_t B, G;               /* activation block and group sizes */
+    /* Work is handed out in items through atomic counters, not split up front: when a thread
+     * is slowed (another process on its core), the others take over its share. Which thread
+     * computes an output never changes its value. */
+    atomic_llong next_quant;    /* next quantization item: QUANT_ITEM_BLOCKS blocks of a token */
+    int64_t quant_per_token, quant_items;
+    atomic_llong next_dot;      /* next (token chunk, row item) pair, token chunk major */
+    int64_t row_item, row_items, dot_items;
     int64_t row_chunk, token_chunk;
+    int64_t tile;               /* tokens per kernel call: CLLM_MM_TILE, FLOAT_TILE for F32 */
 };
 
-/* Quantizes the activation blocks [u0, u1) of the flattened [n_tokens][K / B] block grid. */
 static void quant_task(void *ctx, int ith, int nth)
 {
-    const struct mm_job *j = ctx;
+    struct mm_job *j = ctx;
     const int64_t nbk = j->K / j->B;
-    int64_t u, u1;
-    cllm_split_rows(j->n_tokens * nbk, ith, nth, &u, &u1);
-    while (u < u1) {
-        const int64_t t = u / nbk, b = u % nbk, slot = t % CLLM_MM_TILE;
-        const int64_t n = nbk - b < u1 - u ? nbk - b : u1 - u;
+    (void)ith;
+    (void)nth;
+    for (;;) {
+        const int64_t i = atomic_fetch_add_explicit(&j->next_quant, 1, memory_order_relaxed);
+        if (i >= j->quant_items)
+            return;
+        const int64_t t = i / j->quant_per_token, slot = t % CLLM_MM_TILE;
+        const int64_t b = i % j->quant_per_token * QUANT_ITEM_BLOCKS;
+        const int64_t n = nbk - b < QUANT_ITEM_BLOCKS ? nbk - b : QUANT_ITEM_BLOCKS;
         uint8_t *tile = j->act + (size_t)(t / CLLM_MM_TILE) * j->tile_bytes;
         j->quant(j->x + t * j->K + b * j->B, n, (int8_t *)tile + slot * j->K + b * j->B,
                  (float *)(void *)(tile + j->view.off_d) + b * j->view.step + slot,
                  (int16_t *)(void *)(tile + j->view.off_sums) +
                      (b * j->view.step + slot) * (j->B / j->G),
                  j->view.step);
-        u += n;
+    }
+}
+
+/* Rows [r0, r1) for tokens [t0, t1): row chunks that stay in cache while the tiles pass. */
+static void dot_block(const struct mm_job *j, int64_t r0, int64_t r1, int64_t t0, int64_t t1)
+{
+    for (int64_t rb = r0; rb < r1; rb += j->row_chunk) {
+        const int64_t re = rb + j->row_chunk < r1 ? rb + j->row_chunk : r1;
+        for (int64_t tt = t0; tt < t1; tt += j->tile) {
+            const int nt = (int)(t1 - tt < j->tile ? t1 - tt : j->tile);
+            struct cllm_act_view v = j->view;
+            v.base += j->act ? (size_t)(tt / CLLM_MM_TILE) * j->tile_bytes : (size_t)tt * v.stride;
+            float *y = j->y + tt * j->ldy;
+            for (int64_t r = rb; r < re; r++)
+                j->dot(j->w + (size_t)r * j->row_bytes, j->K, &v, nt, y + r, j->ldy);
+        }
     }
 }
 
 static void dot_task(void *ctx, int ith, int nth)
 {
-    const struct mm_job *j = ctx;
-    int64_t r0, r1;
-    cllm_split_rows(j->N, ith, nth, &r0, &r1);
-    for (int64_t t0 = 0; t0 < j->n_tokens; t0 += j->token_chunk) {
+    struct mm_job *j = ctx;
+    (void)ith;
+    (void)nth;
+    for (;;) {
+        const int64_t i = atomic_fetch_add_explicit(&j->next_dot, 1, memory_order_relaxed);
+        if (i >= j->dot_items)
+            return;
+        const int64_t t0 = i / j->row_items * j->token_chunk;
+        const int64_t r0 = i % j->row_items * j->row_item;
         const int64_t t1 = t0 + j->token_chunk < j->n_tokens ? t0 + j->token_chunk : j->n_tokens;
-        for (int64_t rb = r0; rb < r1; rb += j->row_chunk) {
-            const int64_t re = rb + j->row_chunk < r1 ? rb + j->row_chunk : r1;
-            for (int64_t tt = t0; tt < t1; tt += CLLM_MM_TILE) {
-                const int nt = (int)(t1 - tt < CLLM_MM_TILE ? t1 - tt : CLLM_MM_TILE);
-                struct cllm_act_view v = j->view;
-                v.base += j->act ? (size_t)(tt / CLLM_MM_TILE) * j->tile_bytes
-                                 : (size_t)tt * v.stride;
-                float *y = j->y + tt * j->ldy;
-                for (int64_t r = rb; r < re; r++)
-                    j->dot(j->w + (size_t)r * j->row_bytes, j->K, &v, nt, y + r, j->ldy);
-            }
-        }
+        const int64_t r1 = r0 + j->row_item < j->N ? r0 + j->row_item : j->N;
+        dot_block(j, r0, r1, t0, t1);
     }
 }
 
@@ -165,8 +197,10 @@ enum cllm_status cllm_cpu_matmul(struct cllm_threadpool *tp, const struct cllm_t
     };
     if (!j.dot)
         return CLLM_ERR_INVALID_ARG;
+    j.tile = CLLM_MM_TILE;
     if (kind == CLLM_ACT_F32) {
         j.view = (struct cllm_act_view){(const uint8_t *)x, (size_t)K * sizeof(float), 0, 0, 1};
+        j.tile = FLOAT_TILE;
     } else {
         const size_t need = cllm_cpu_matmul_scratch_size(w->dtype, K, n_tokens);
         if (!need || !scratch || scratch_size < need || !j.quant)
@@ -179,15 +213,25 @@ enum cllm_status cllm_cpu_matmul(struct cllm_threadpool *tp, const struct cllm_t
         j.B = cllm_act_block(kind);
         j.G = cllm_act_group(kind);
     }
-    j.row_chunk = (int64_t)(ROW_CHUNK_BYTES / j.row_bytes);
+    j.row_chunk = (int64_t)((j.act ? ROW_CHUNK_BYTES : FLOAT_ROW_CHUNK_BYTES) / j.row_bytes);
     if (j.row_chunk < 1)
         j.row_chunk = 1;
     const size_t tile_bytes = j.act ? j.tile_bytes : CLLM_MM_TILE * j.view.stride;
     j.token_chunk = (int64_t)(TOKEN_CHUNK_BYTES / tile_bytes) * CLLM_MM_TILE;
     if (j.token_chunk < CLLM_MM_TILE)
         j.token_chunk = CLLM_MM_TILE;
+    j.row_item = (int64_t)((n_tokens <= CLLM_MM_TILE ? DECODE_ITEM_BYTES : ITEM_BYTES) /
+                           j.row_bytes);
+    if (j.row_item < 1)
+        j.row_item = 1;
+    j.row_items = (N + j.row_item - 1) / j.row_item;
+    j.dot_items = (n_tokens + j.token_chunk - 1) / j.token_chunk * j.row_items;
+    atomic_init(&j.next_dot, 0);
 
     if (j.act) {
+        j.quant_per_token = (K / j.B + QUANT_ITEM_BLOCKS - 1) / QUANT_ITEM_BLOCKS;
+        j.quant_items = n_tokens * j.quant_per_token;
+        atomic_init(&j.next_quant, 0);
         if (n_tokens % CLLM_MM_TILE) {
             /* the last tile's empty slots: zero scales and sums, which the kernels read */
             uint8_t *pad = j.act + (size_t)(n_tokens / CLLM_MM_TILE) * j.tile_bytes;
