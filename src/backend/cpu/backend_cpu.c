@@ -7,6 +7,7 @@
 #include "backend/cpu/backend_cpu.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -314,17 +315,28 @@ struct attn_job {
     int32_t n_head, n_kv, head_dim;
     float scale;
     float *out;
+    atomic_long next; /* next (token, kv head) item to take */
 };
 
-#define MAX_GROUP 64 /* query heads per KV head handled together */
+#define MAX_GROUP 64  /* query heads per KV head handled together */
+#define POS_BLOCK 32  /* positions scored before each softmax rescale */
 
-/* One token, one KV head and the query heads that share it: a single pass over the positions
- * with an online softmax, so each K/V row is read once for the whole group. */
-static void attend_group(const struct attn_job *j, int32_t t, int32_t kvh)
+/* 8-float vectors (GCC vector extensions): AVX registers in the AVX2 clone below, SSE pairs
+ * otherwise. Loads go through memcpy: cache rows are only 4-byte aligned. */
+typedef float v8f __attribute__((vector_size(32)));
+
+#define LOAD8(dst, p) memcpy(&(dst), (p), sizeof(v8f))
+
+/* One token, one KV head and the query heads that share it, over positions 0..pos: scores
+ * for a block of positions, then one online-softmax rescale per block. Each K/V row is read
+ * once for the whole group, and the order of work never depends on the batch. */
+__attribute__((target_clones("avx2,fma", "default"))) static void
+attend_group(const struct attn_job *j, int32_t t, int32_t kvh)
 {
     const struct cllm_attn_batch *b = j->b;
     int32_t hd = j->head_dim, group = j->n_head / j->n_kv, n_pos = b->pos[t] + 1;
-    float m[MAX_GROUP], l[MAX_GROUP];
+    bool vec = hd % 8 == 0;
+    float m[MAX_GROUP], l[MAX_GROUP], s[MAX_GROUP][POS_BLOCK];
     const float *q[MAX_GROUP];
     float *o[MAX_GROUP];
     for (int32_t g = 0; g < group; g++) {
@@ -336,27 +348,59 @@ static void attend_group(const struct attn_job *j, int32_t t, int32_t kvh)
         l[g] = 0.0f;
     }
     const int32_t *table = b->block_table + (int64_t)b->seq[t] * b->max_blocks;
-    for (int32_t p = 0; p < n_pos; p++) {
-        int64_t slot = (int64_t)table[p / b->block_size] * b->block_size + p % b->block_size;
-        const float *k = j->k_cache + (slot * j->n_kv + kvh) * hd;
-        const float *v = j->v_cache + (slot * j->n_kv + kvh) * hd;
+    const float *krow[POS_BLOCK], *vrow[POS_BLOCK];
+    for (int32_t p0 = 0; p0 < n_pos; p0 += POS_BLOCK) {
+        int32_t np = n_pos - p0 < POS_BLOCK ? n_pos - p0 : POS_BLOCK;
+        for (int32_t i = 0; i < np; i++) {
+            int32_t p = p0 + i;
+            int64_t slot = (int64_t)table[p / b->block_size] * b->block_size + p % b->block_size;
+            krow[i] = j->k_cache + (slot * j->n_kv + kvh) * hd;
+            vrow[i] = j->v_cache + (slot * j->n_kv + kvh) * hd;
+        }
         for (int32_t g = 0; g < group; g++) {
-            float acc[8] = {0};
-            int32_t i = 0;
-            for (; i + 8 <= hd; i += 8)
-                for (int u = 0; u < 8; u++)
-                    acc[u] += q[g][i + u] * k[i + u];
-            float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-            for (; i < hd; i++)
-                s += q[g][i] * k[i];
-            s *= j->scale;
-            float m_new = s > m[g] ? s : m[g];
-            float corr = expf(m[g] - m_new), w = expf(s - m_new);
-            l[g] = l[g] * corr + w;
-            m[g] = m_new;
+            float bm = -INFINITY;
+            for (int32_t i = 0; i < np; i++) {
+                float d = 0.0f;
+                if (vec) {
+                    v8f acc = {0}, a, c;
+                    for (int32_t e = 0; e < hd; e += 8) {
+                        LOAD8(a, q[g] + e);
+                        LOAD8(c, krow[i] + e);
+                        acc += a * c;
+                    }
+                    d = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+                } else {
+                    for (int32_t e = 0; e < hd; e++)
+                        d += q[g][e] * krow[i][e];
+                }
+                s[g][i] = d * j->scale;
+                bm = s[g][i] > bm ? s[g][i] : bm;
+            }
+            float m_new = bm > m[g] ? bm : m[g];
+            float corr = expf(m[g] - m_new);
             float *og = o[g];
+            l[g] *= corr;
             for (int32_t d = 0; d < hd; d++)
-                og[d] = og[d] * corr + w * v[d];
+                og[d] *= corr;
+            for (int32_t i = 0; i < np; i++) {
+                float w = expf(s[g][i] - m_new);
+                l[g] += w;
+                const float *v = vrow[i];
+                if (vec) {
+                    v8f wv = {w, w, w, w, w, w, w, w};
+                    for (int32_t d = 0; d < hd; d += 8) {
+                        v8f acc, vv;
+                        LOAD8(acc, og + d);
+                        LOAD8(vv, v + d);
+                        acc += wv * vv;
+                        memcpy(og + d, &acc, sizeof acc);
+                    }
+                } else {
+                    for (int32_t d = 0; d < hd; d++)
+                        og[d] += w * v[d];
+                }
+            }
+            m[g] = m_new;
         }
     }
     for (int32_t g = 0; g < group; g++) {
@@ -366,12 +410,15 @@ static void attend_group(const struct attn_job *j, int32_t t, int32_t kvh)
     }
 }
 
+/* Items are taken one at a time from a shared counter: causal attention makes later tokens
+ * cost more, so a fixed split would leave one thread waiting on the other. */
 static void attn_task(void *arg, int ith, int nth)
 {
+    (void)ith;
+    (void)nth;
     struct attn_job *j = arg;
-    int64_t s, e;
-    cllm_split_rows((int64_t)j->b->n_tokens * j->n_kv, ith, nth, &s, &e);
-    for (int64_t i = s; i < e; i++)
+    long n_items = (long)j->b->n_tokens * j->n_kv;
+    for (long i; (i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < n_items;)
         attend_group(j, (int32_t)(i / j->n_kv), (int32_t)(i % j->n_kv));
 }
 
@@ -382,8 +429,8 @@ static enum cllm_status cpu_attention(struct cllm_backend *be, const struct cllm
 {
     if (n_kv <= 0 || n_head % n_kv != 0 || n_head / n_kv > MAX_GROUP)
         return CLLM_ERR_INVALID_ARG;
-    struct attn_job j = {b, q, k_cache, v_cache, n_head, n_kv, head_dim, scale, out};
-    /* Work grows with context length, so always split unless there is only one group. */
+    struct attn_job j = {b, q, k_cache, v_cache, n_head, n_kv, head_dim, scale, out, 0};
+    /* Work grows with context length, so always split unless there is only one item. */
     cllm_threadpool_run((int64_t)b->n_tokens * n_kv > 1 ? cpu_of(be)->tp : NULL, attn_task, &j);
     return CLLM_OK;
 }
