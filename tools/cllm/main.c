@@ -18,7 +18,8 @@ static void usage(FILE *f)
                "                                    text on stdin -> token ids on stdout (or back)\n"
                "  generate  --model PATH [--prompt TEXT] ...\n"
                "                                    stream an answer (cllm generate --help)\n"
-               "  serve     --model PATH ...        (not implemented yet)\n"
+               "  serve     --model PATH [--port 8000] ...\n"
+               "                                    the HTTP server (cllm serve --help)\n"
                "  bench     --model PATH ...        (not implemented yet)\n",
             CLLM_VERSION);
 }
@@ -46,10 +47,8 @@ int main(int argc, char **argv)
         return cllm_cmd_generate(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench"))
         return cllm_cmd_bench(argc - 1, argv + 1);
-    if (!strcmp(cmd, "serve")) {
-        fprintf(stderr, "cllm: %s is not implemented yet\n", cmd);
-        return 2;
-    }
+    if (!strcmp(cmd, "serve"))
+        return cllm_cmd_serve(argc - 1, argv + 1);
     fprintf(stderr, "cllm: unknown command '%s'\n\n", cmd);
     usage(stderr);
     return 2;

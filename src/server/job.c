@@ -1,0 +1,284 @@
+/* Jobs: request fields to request params, prompts to checked token ids, submit and collect. */
+#include "server/job.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/status.h"
+#include "server/http.h"
+#include "server/server.h"
+
+/* --- request fields --- */
+
+/* The field, or NULL when absent or null (clients often send null for "unset"). */
+static const cJSON *field(const cJSON *obj, const char *name)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+    return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+/* 2^53: beyond it a JSON number no longer holds every integer exactly. */
+#define MAX_EXACT_INT 9007199254740992.0
+
+static enum cllm_status get_int(const cJSON *obj, const char *name, double lo, double hi,
+                                int64_t *out, bool *set, char *err, size_t err_len)
+{
+    const cJSON *v = field(obj, name);
+    if (!v)
+        return CLLM_OK;
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
+        return cllm_fail(err, err_len, CLLM_ERR_INVALID_ARG, "%s must be an integer", name);
+    if (v->valuedouble < lo || v->valuedouble > hi)
+        return cllm_fail(err, err_len, CLLM_ERR_RANGE, "%s must be in [%.0f, %.0f], got %.0f", name,
+                         lo, hi, v->valuedouble);
+    *out = (int64_t)v->valuedouble;
+    if (set)
+        *set = true;
+    return CLLM_OK;
+}
+
+static enum cllm_status get_float(const cJSON *obj, const char *name, float *out, char *err,
+                                  size_t err_len)
+{
+    const cJSON *v = field(obj, name);
+    if (!v)
+        return CLLM_OK;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || fabs(v->valuedouble) > 1e30)
+        return cllm_fail(err, err_len, CLLM_ERR_INVALID_ARG, "%s must be a number", name);
+    *out = (float)v->valuedouble;
+    return CLLM_OK;
+}
+
+static enum cllm_status get_stops(const cJSON *obj, struct cllm_job_params *out, char *err,
+                                  size_t err_len)
+{
+    const cJSON *v = field(obj, "stop");
+    if (!v)
+        return CLLM_OK;
+    size_t n = 0;
+    if (cJSON_IsString(v)) {
+        out->stops[n++] = v->valuestring;
+    } else if (cJSON_IsArray(v)) {
+        const cJSON *it;
+        cJSON_ArrayForEach(it, v)
+        {
+            if (!cJSON_IsString(it))
+                return cllm_fail(err, err_len, CLLM_ERR_INVALID_ARG,
+                                 "stop must be a string or a list of strings");
+            if (n == CLLM_JOB_MAX_STOPS)
+                return cllm_fail(err, err_len, CLLM_ERR_RANGE, "stop: at most %d strings",
+                                 CLLM_JOB_MAX_STOPS);
+            out->stops[n++] = it->valuestring;
+        }
+    } else {
+        return cllm_fail(err, err_len, CLLM_ERR_INVALID_ARG,
+                         "stop must be a string or a list of strings");
+    }
+    for (size_t i = 0; i < n; i++)
+        if (!out->stops[i][0])
+            return cllm_fail(err, err_len, CLLM_ERR_INVALID_ARG, "stop strings must not be empty");
+    /* Request stops replace the server's, as in OpenAI's API. */
+    out->p.stop = out->stops;
+    out->p.n_stop = n;
+    return CLLM_OK;
+}
+
+enum cllm_status cllm_job_params_parse(const cJSON *obj, const struct cllm_request_params *defaults,
+                                       struct cllm_job_params *out, char *err, size_t err_len)
+{
+    memset(out, 0, sizeof *out);
+    out->p = *defaults;
+    struct cllm_sampling_params *sp = &out->p.sampling;
+    int64_t v = 0;
+    bool set = false;
+    enum cllm_status st;
+    if ((st = get_int(obj, "max_completion_tokens", 1, 1 << 24, &v, &set, err, err_len)) ||
+        (st = get_int(obj, "max_tokens", 1, 1 << 24, &v, &set, err, err_len)))
+        return st;
+    if (set)
+        out->p.max_tokens = (int32_t)v;
+    set = false;
+    if ((st = get_int(obj, "top_k", -1, 1 << 30, &v, &set, err, err_len)))
+        return st;
+    if (set)
+        sp->top_k = v < 0 ? 0 : (int32_t)v; /* -1 means "off", as in vLLM */
+    set = false;
+    if ((st = get_int(obj, "seed", 0, MAX_EXACT_INT, &v, &set, err, err_len)))
+        return st;
+    if (set)
+        sp->seed = (uint64_t)v;
+    if ((st = get_float(obj, "temperature", &sp->temperature, err, err_len)) ||
+        (st = get_float(obj, "top_p", &sp->top_p, err, err_len)) ||
+        (st = get_float(obj, "min_p", &sp->min_p, err, err_len)) ||
+        (st = get_float(obj, "repetition_penalty", &sp->repetition_penalty, err, err_len)) ||
+        (st = get_float(obj, "presence_penalty", &sp->presence_penalty, err, err_len)) ||
+        (st = get_float(obj, "frequency_penalty", &sp->frequency_penalty, err, err_len)) ||
+        (st = get_stops(obj, out, err, err_len)))
+        return st;
+    return cllm_sampling_params_check(sp, err, err_len);
+}
+
+/* --- prompts --- */
+
+enum cllm_status cllm_job_init(struct cllm_job *j, int32_t n)
+{
+    memset(j, 0, sizeof *j);
+    if (n < 1)
+        return CLLM_ERR_INVALID_ARG;
+    j->prompts = cllm_calloc_array((size_t)n, sizeof *j->prompts);
+    j->reqs = cllm_calloc_array((size_t)n, sizeof *j->reqs);
+    j->outs = cllm_calloc_array((size_t)n, sizeof *j->outs);
+    if (!j->prompts || !j->reqs || !j->outs) {
+        free(j->prompts), free(j->reqs), free(j->outs);
+        memset(j, 0, sizeof *j);
+        return CLLM_ERR_NOMEM;
+    }
+    j->n = n;
+    return CLLM_OK;
+}
+
+enum cllm_status cllm_job_set_text(struct cllm_server *s, struct cllm_job *j, int32_t i,
+                                   const char *what, const char *text, size_t len, char *err,
+                                   size_t err_len)
+{
+    struct cllm_ids *ids = &j->prompts[i];
+    ids->n = 0;
+    if (len == 0)
+        return cllm_fail(err, err_len, CLLM_ERR_INVALID_ARG, "%s is empty", what);
+    if (cllm_tokenize(s->mf->tok, text, len, ids) != CLLM_OK)
+        return cllm_fail(err, err_len, CLLM_ERR_NOMEM, "out of memory tokenizing %s", what);
+    int32_t n_ctx = cllm_engine_n_ctx(s->engine);
+    if (ids->n == 0)
+        return cllm_fail(err, err_len, CLLM_ERR_INVALID_ARG, "%s has no tokens", what);
+    if (ids->n >= (size_t)n_ctx)
+        return cllm_fail(err, err_len, CLLM_ERR_RANGE,
+                         "%s has %zu tokens; the context window is %d tokens (prompt + at least "
+                         "one generated token)",
+                         what, ids->n, (int)n_ctx);
+    return CLLM_OK;
+}
+
+enum cllm_status cllm_job_set_chat(struct cllm_server *s, struct cllm_job *j, int32_t i,
+                                   const char *what, const struct cllm_chat_message *msgs, size_t n,
+                                   char *err, size_t err_len)
+{
+    if (!s->tmpl) {
+        if (n == 1 && !strcmp(msgs[0].role, "user"))
+            return cllm_job_set_text(s, j, i, what, msgs[0].content, msgs[0].content_len, err,
+                                     err_len);
+        return cllm_fail(err, err_len, CLLM_ERR_INVALID_ARG,
+                         "the model has no chat template: send one user message or use "
+                         "/v1/completions");
+    }
+    struct cllm_buf text = {0};
+    char why[256] = "";
+    enum cllm_status st = cllm_chat_template_render(s->tmpl, msgs, n, true, &text, why, sizeof why);
+    if (st)
+        cllm_fail(err, err_len, st, "%s: %s", what, why);
+    else
+        st = cllm_job_set_text(s, j, i, what, text.data, text.len, err, err_len);
+    cllm_buf_free(&text);
+    return st;
+}
+
+/* --- running --- */
+
+enum cllm_status cllm_job_submit(struct cllm_server *s, struct cllm_job *j,
+                                 const struct cllm_request_params *p, char *err, size_t err_len)
+{
+    if (cllm_engine_queue_full(s->engine))
+        return cllm_fail(err, err_len, CLLM_ERR_BUSY, "the queue is full: try again later");
+    for (int32_t i = 0; i < j->n; i++) {
+        const struct cllm_ids *ids = &j->prompts[i];
+        enum cllm_status st =
+            cllm_engine_submit(s->engine, ids->v, (int32_t)ids->n, p, &j->reqs[i], err, err_len);
+        if (st) {
+            for (int32_t k = 0; k < i; k++) {
+                cllm_request_cancel(j->reqs[k]);
+                cllm_request_release(j->reqs[k]);
+                j->reqs[k] = NULL;
+            }
+            return st;
+        }
+    }
+    return CLLM_OK;
+}
+
+static void cancel_all(struct cllm_job *j)
+{
+    for (int32_t i = 0; i < j->n; i++)
+        if (j->reqs[i])
+            cllm_request_cancel(j->reqs[i]);
+}
+
+enum cllm_job_end cllm_job_wait(struct cllm_server *s, struct cllm_job *j, int fd)
+{
+    int32_t next = 0; /* requests before next have finished */
+    for (;;) {
+        while (next < j->n && j->outs[next].finished)
+            next++;
+        if (next == j->n)
+            return CLLM_JOB_DONE;
+        /* Sleep on one unfinished request; then sweep the others so their text does not pile
+         * up in the engine's buffers. */
+        cllm_request_poll(j->reqs[next], 50, &j->outs[next]);
+        for (int32_t i = next + 1; i < j->n; i++)
+            if (!j->outs[i].finished)
+                cllm_request_poll(j->reqs[i], 0, &j->outs[i]);
+        if (atomic_load(&s->stopping)) {
+            cancel_all(j);
+            return CLLM_JOB_STOPPING;
+        }
+        if (fd >= 0 && cllm_http_peer_gone(fd)) {
+            cancel_all(j);
+            return CLLM_JOB_CLIENT_GONE;
+        }
+    }
+}
+
+int32_t cllm_job_failed(const struct cllm_job *j)
+{
+    for (int32_t i = 0; i < j->n; i++)
+        if (j->outs[i].reason == CLLM_FINISH_ERROR || j->outs[i].reason == CLLM_FINISH_CANCELLED)
+            return i;
+    return -1;
+}
+
+const char *cllm_job_finish_reason(enum cllm_finish_reason r)
+{
+    return cllm_finish_reason_str(r);
+}
+
+void cllm_job_finish(struct cllm_job *j, struct cllm_metrics *m)
+{
+    for (int32_t i = 0; i < j->n; i++) {
+        struct cllm_request *r = j->reqs[i];
+        if (r) {
+            struct cllm_request_output *o = &j->outs[i];
+            /* Whoever ends the job no longer wants what is left (client gone, stream done). */
+            cllm_request_cancel(r);
+            cllm_request_poll(r, 0, o);
+            double ttft = o->t_first_token > 0 ? o->t_first_token - o->t_submit : -1;
+            double itl = o->n_generated > 1 && o->t_finish > 0
+                             ? (o->t_finish - o->t_first_token) / (o->n_generated - 1)
+                             : -1;
+            if (m)
+                cllm_metrics_observe_generation(m, ttft, itl);
+            j->n_prompt_tokens += o->n_prompt;
+            j->n_completion_tokens += o->n_generated;
+            cllm_request_release(r);
+        }
+        cllm_ids_free(&j->prompts[i]);
+        cllm_buf_free(&j->outs[i].text);
+    }
+    free(j->prompts);
+    free(j->reqs);
+    free(j->outs);
+    int64_t np = j->n_prompt_tokens, nc = j->n_completion_tokens;
+    memset(j, 0, sizeof *j);
+    j->n_prompt_tokens = np;
+    j->n_completion_tokens = nc;
+}

@@ -1,0 +1,88 @@
+/*
+ * A job: the engine requests behind one HTTP request (one per prompt), from the request's
+ * sampling fields to the collected answers. Every prompt is tokenized and checked against the
+ * context window before anything is submitted, so a bad prompt in a list rejects the whole
+ * list; then all prompts are submitted at once so the engine batches them.
+ */
+#ifndef CLLM_SERVER_JOB_H
+#define CLLM_SERVER_JOB_H
+
+#include <cjson/cJSON.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/buf.h"
+#include "engine/request.h"
+#include "server/metrics.h"
+#include "tokenizer/chat_template.h"
+
+struct cllm_server;
+
+#define CLLM_JOB_MAX_STOPS 16
+
+/* A request's generation settings. p.stop points into stops (and the strings into the parsed
+ * JSON document), so the struct must not be copied and the document must outlive submit. */
+struct cllm_job_params {
+    struct cllm_request_params p;
+    const char *stops[CLLM_JOB_MAX_STOPS];
+};
+
+struct cllm_job {
+    int32_t n;                        /* prompts */
+    struct cllm_ids *prompts;         /* [n] token ids */
+    struct cllm_request **reqs;       /* [n]; NULL until submitted */
+    struct cllm_request_output *outs; /* [n] answers as collected so far */
+    int64_t n_prompt_tokens;          /* totals, known after cllm_job_finish */
+    int64_t n_completion_tokens;
+};
+
+enum cllm_job_end {
+    CLLM_JOB_DONE,        /* every request finished (see cllm_job_error) */
+    CLLM_JOB_CLIENT_GONE, /* the client closed its connection: the requests were cancelled */
+    CLLM_JOB_STOPPING,    /* the server is shutting down: the requests were cancelled */
+};
+
+/* Reads the optional fields max_tokens (or max_completion_tokens), temperature, top_p, top_k,
+ * min_p, repetition_penalty, presence_penalty, frequency_penalty, seed and stop (a string or
+ * a list of strings) of obj over defaults. null counts as absent; unknown fields are ignored.
+ * A wrong type or value -> CLLM_ERR_INVALID_ARG / CLLM_ERR_RANGE with err naming the field. */
+enum cllm_status cllm_job_params_parse(const cJSON *obj, const struct cllm_request_params *defaults,
+                                       struct cllm_job_params *out, char *err, size_t err_len);
+
+/* A job for n >= 1 prompts (zeroed j on failure). */
+enum cllm_status cllm_job_init(struct cllm_job *j, int32_t n);
+
+/* Sets prompt i to the tokens of text as is (no template). what names the prompt in errors
+ * ("prompt", "prompt[3]"). Empty -> CLLM_ERR_INVALID_ARG; beyond the context window ->
+ * CLLM_ERR_RANGE naming the window. */
+enum cllm_status cllm_job_set_text(struct cllm_server *s, struct cllm_job *j, int32_t i,
+                                   const char *what, const char *text, size_t len, char *err,
+                                   size_t err_len);
+/* Sets prompt i to msgs[0..n) rendered with the model's chat template (opening the assistant
+ * turn). Without a template: an error, unless the conversation is one user message, which is
+ * then used as is. */
+enum cllm_status cllm_job_set_chat(struct cllm_server *s, struct cllm_job *j, int32_t i,
+                                   const char *what, const struct cllm_chat_message *msgs, size_t n,
+                                   char *err, size_t err_len);
+
+/* Submits every prompt with p. All or nothing: when one is refused (CLLM_ERR_BUSY: the queue
+ * is full), those already queued are cancelled and released. */
+enum cllm_status cllm_job_submit(struct cllm_server *s, struct cllm_job *j,
+                                 const struct cllm_request_params *p, char *err, size_t err_len);
+
+/* Waits until every request has finished, collecting the text into outs[i].text. Returns early,
+ * cancelling the requests, when the peer of fd (-1: none) goes away or the server stops. */
+enum cllm_job_end cllm_job_wait(struct cllm_server *s, struct cllm_job *j, int fd);
+
+/* The first request that failed in the engine (CLLM_FINISH_ERROR or CANCELLED), as an index,
+ * or -1 if all finished normally. */
+int32_t cllm_job_failed(const struct cllm_job *j);
+
+/* "stop", "length", ... as OpenAI spells them. */
+const char *cllm_job_finish_reason(enum cllm_finish_reason r);
+
+/* Ends the job: cancels what still runs, records the final counts (into m unless NULL) and
+ * the totals, releases the requests and frees j. Safe on a zeroed job. */
+void cllm_job_finish(struct cllm_job *j, struct cllm_metrics *m);
+
+#endif

@@ -1,0 +1,289 @@
+/*
+ * Server lifetime: bind and listen first (so the health check can answer 503 at once), load
+ * the model, build the engine and run one tiny generation in a loader thread, then flip to
+ * ready. The calling thread waits for SIGINT/SIGTERM and shuts down in order: stop accepting,
+ * let the handlers cancel their requests and return, join every thread, free the engine.
+ * Also the two routes about the server itself: health and metrics.
+ */
+#include "server/server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/log.h"
+#include "core/status.h"
+#include "server/http.h"
+#include "server/routes.h"
+
+bool cllm_server_ready(const struct cllm_server *s)
+{
+    return atomic_load(&s->state) == CLLM_SERVER_READY && !atomic_load(&s->stopping);
+}
+
+/* --- routes about the server itself --- */
+
+enum MHD_Result cllm_route_health(struct cllm_server *s, struct cllm_http_req *hr)
+{
+    cJSON *o = cJSON_CreateObject();
+    int state = atomic_load(&s->state);
+    if (state != CLLM_SERVER_READY) {
+        cJSON_AddStringToObject(o, "status", state == CLLM_SERVER_FAILED ? "error" : "loading");
+        if (state == CLLM_SERVER_FAILED)
+            cJSON_AddStringToObject(o, "error", s->load_error);
+        return cllm_http_reply_json(hr, 503, o);
+    }
+    cJSON_AddStringToObject(o, "status", "ok");
+    cJSON_AddStringToObject(o, "model", s->model_name);
+    cJSON_AddStringToObject(o, "backend", cllm_engine_backend_name(s->engine));
+    cJSON_AddNumberToObject(o, "context", cllm_engine_n_ctx(s->engine));
+    cJSON_AddStringToObject(o, "chat_template",
+                            s->tmpl ? cllm_chat_template_name(s->tmpl) : "none");
+    cJSON_AddNumberToObject(o, "load_seconds", s->load_seconds);
+    cJSON_AddStringToObject(o, "version", CLLM_VERSION);
+    return cllm_http_reply_json(hr, 200, o);
+}
+
+enum MHD_Result cllm_route_metrics(struct cllm_server *s, struct cllm_http_req *hr)
+{
+    struct cllm_engine_stats es;
+    bool ready = atomic_load(&s->state) == CLLM_SERVER_READY;
+    if (ready)
+        cllm_engine_stats(s->engine, &es);
+    struct cllm_buf b = {0};
+    if (cllm_metrics_render(&s->metrics, ready ? &es : NULL, &b) != CLLM_OK) {
+        cllm_buf_free(&b);
+        return cllm_http_reply_error(hr, 500, "out of memory rendering the metrics");
+    }
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer_with_free_callback(b.len, b.data, free);
+    if (!resp) {
+        cllm_buf_free(&b);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
+    enum MHD_Result ret = cllm_http_reply_response(hr, 200, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
+/* --- loading --- */
+
+static void *load_fail(struct cllm_server *s, const char *what, const char *err)
+{
+    snprintf(s->load_error, sizeof s->load_error, "%s%s", what, err);
+    atomic_store(&s->state, CLLM_SERVER_FAILED);
+    return NULL;
+}
+
+/* One tiny generation through the whole path (tokenizer, engine, forward, sampler), so the
+ * first real request does not pay for page faults and lazy set-up. */
+static enum cllm_status warm_up(struct cllm_server *s, char *err, size_t err_len)
+{
+    struct cllm_job j;
+    enum cllm_status st = cllm_job_init(&j, 1);
+    if (st)
+        return cllm_fail(err, err_len, st, "out of memory");
+    struct cllm_request_params p = s->defaults;
+    p.max_tokens = 2;
+    p.stop = NULL;
+    p.n_stop = 0;
+    if (!(st = cllm_job_set_text(s, &j, 0, "the warm-up prompt", "Hello", 5, err, err_len)) &&
+        !(st = cllm_job_submit(s, &j, &p, err, err_len))) {
+        if (cllm_job_wait(s, &j, -1) == CLLM_JOB_DONE && cllm_job_failed(&j) >= 0)
+            st = cllm_fail(err, err_len, CLLM_ERR_DEVICE, "%s", j.outs[0].error);
+    }
+    cllm_job_finish(&j, NULL);
+    return st;
+}
+
+static void *loader_main(void *arg)
+{
+    struct cllm_server *s = arg;
+    char err[512] = "";
+    double t0 = cllm_now();
+    if (cllm_model_files_open(&s->mf, s->cfg.model_path, err, sizeof err) != CLLM_OK)
+        return load_fail(s, "", err);
+    if (s->mf->chat_template) {
+        if (cllm_chat_template_init(&s->tmpl, s->mf->chat_template, err, sizeof err) != CLLM_OK)
+            return load_fail(s, "", err);
+    } else {
+        cllm_log(CLLM_LOG_WARN, "%s has no chat template: /predict sends prompts as they are",
+                 s->cfg.model_path);
+    }
+    if (s->cfg.request_defaults) {
+        s->cfg.request_defaults(s->cfg.request_defaults_ctx, s->mf, &s->defaults);
+    } else {
+        memset(&s->defaults, 0, sizeof s->defaults);
+        cllm_sampling_params_default(&s->defaults.sampling);
+        s->defaults.max_tokens = 512;
+        for (int i = 0; i < s->mf->gen.n_eos && i < CLLM_MAX_STOP_IDS; i++)
+            s->defaults.stop_ids[s->defaults.n_stop_ids++] = s->mf->gen.eos_ids[i];
+    }
+    if (atomic_load(&s->stopping))
+        return NULL;
+    if (cllm_engine_new(&s->engine, s->mf, &s->cfg.engine, err, sizeof err) != CLLM_OK)
+        return load_fail(s, "", err);
+    if (warm_up(s, err, sizeof err) != CLLM_OK)
+        return load_fail(s, "warm-up failed: ", err);
+    s->load_seconds = cllm_now() - t0;
+    if (atomic_load(&s->stopping))
+        return NULL;
+    atomic_store(&s->state, CLLM_SERVER_READY);
+    cllm_log(CLLM_LOG_INFO, "model %s ready: loaded and warmed up in %.2f s (%.2f s after start)",
+             s->model_name, s->load_seconds, cllm_now() - s->t_start);
+    return NULL;
+}
+
+/* --- start and stop --- */
+
+static enum cllm_status listen_on(struct cllm_server *s, char *err, size_t err_len)
+{
+    const char *host = s->cfg.host;
+    char port[16];
+    snprintf(port, sizeof port, "%d", s->cfg.port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *res = NULL;
+    int rc = getaddrinfo(host, port, &hints, &res);
+    if (rc)
+        return cllm_fail(err, err_len, CLLM_ERR_IO, "cannot resolve --host %s: %s", host,
+                         gai_strerror(rc));
+    int fd = -1, saved = 0;
+    for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
+        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+        if (fd < 0) {
+            saved = errno;
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 511) != 0) {
+            saved = errno;
+            close(fd);
+            fd = -1;
+        }
+    }
+    freeaddrinfo(res);
+    if (fd < 0)
+        return cllm_fail(err, err_len, CLLM_ERR_IO, "cannot listen on %s:%d: %s", host, s->cfg.port,
+                         strerror(saved));
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    s->listen_fd = fd;
+    /* With --port 0 the kernel picked one; report that. */
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0) {
+        if (ss.ss_family == AF_INET)
+            s->cfg.port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+        else if (ss.ss_family == AF_INET6)
+            s->cfg.port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    }
+    return CLLM_OK;
+}
+
+/* The model's name for clients: the file or folder name, without ".gguf". */
+static void set_model_name(struct cllm_server *s)
+{
+    const char *p = s->cfg.model_path ? s->cfg.model_path : "model";
+    size_t n = strlen(p);
+    while (n > 1 && p[n - 1] == '/')
+        n--;
+    size_t b = n;
+    while (b > 0 && p[b - 1] != '/')
+        b--;
+    size_t len = n - b;
+    if (len > 5 && !strncmp(p + n - 5, ".gguf", 5))
+        len -= 5;
+    if (len >= sizeof s->model_name)
+        len = sizeof s->model_name - 1;
+    memcpy(s->model_name, p + b, len);
+    s->model_name[len] = 0;
+}
+
+enum cllm_status cllm_server_run(const struct cllm_server_config *c, char *err, size_t err_len)
+{
+    struct cllm_server *s = calloc(1, sizeof *s);
+    if (!s)
+        return cllm_fail(err, err_len, CLLM_ERR_NOMEM, "out of memory");
+    s->cfg = *c;
+    if (!s->cfg.host || !s->cfg.host[0])
+        s->cfg.host = "0.0.0.0";
+    if (!s->cfg.max_body)
+        s->cfg.max_body = CLLM_SERVER_DEFAULT_MAX_BODY;
+    if (!s->cfg.max_connections)
+        s->cfg.max_connections = CLLM_SERVER_DEFAULT_MAX_CONNECTIONS;
+    if (!s->cfg.timeout_s)
+        s->cfg.timeout_s = CLLM_SERVER_DEFAULT_TIMEOUT_S;
+    s->t_start = cllm_now();
+    s->t_created = (int64_t)time(NULL);
+    s->listen_fd = -1;
+    atomic_init(&s->state, CLLM_SERVER_LOADING);
+    atomic_init(&s->stopping, false);
+    atomic_init(&s->next_id, 1);
+    set_model_name(s);
+    cllm_metrics_init(&s->metrics);
+
+    /* Signals are taken synchronously by this thread; every thread started from here on
+     * inherits the mask. Writes to a closed socket must fail with EPIPE, not kill us. */
+    sigset_t sigs, old_mask;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, &old_mask);
+    struct sigaction ign = {.sa_handler = SIG_IGN}, old_pipe;
+    sigaction(SIGPIPE, &ign, &old_pipe);
+
+    bool loader_started = false;
+    enum cllm_status st = listen_on(s, err, err_len);
+    if (st)
+        goto out;
+    if ((st = cllm_http_start(s, err, err_len))) {
+        close(s->listen_fd);
+        goto out;
+    }
+    cllm_log(CLLM_LOG_INFO, "listening on http://%s:%d (model %s loading)", s->cfg.host,
+             s->cfg.port, s->cfg.model_path);
+    if (pthread_create(&s->loader, NULL, loader_main, s) != 0) {
+        st = cllm_fail(err, err_len, CLLM_ERR_NOMEM, "cannot start the loader thread");
+        goto stop;
+    }
+    loader_started = true;
+    for (;;) {
+        struct timespec tick = {0, 200 * 1000 * 1000};
+        int sig = sigtimedwait(&sigs, NULL, &tick);
+        if (sig == SIGINT || sig == SIGTERM) {
+            cllm_log(CLLM_LOG_INFO, "%s: shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
+            break;
+        }
+        if (atomic_load(&s->state) == CLLM_SERVER_FAILED) {
+            st = cllm_fail(err, err_len, CLLM_ERR_IO, "%s", s->load_error);
+            break;
+        }
+    }
+stop:
+    atomic_store(&s->stopping, true);
+    cllm_http_quiesce(s);
+    cllm_http_stop(s); /* handlers see `stopping`, cancel their requests and return */
+    if (loader_started)
+        pthread_join(s->loader, NULL);
+    cllm_engine_free(s->engine);
+    cllm_chat_template_free(s->tmpl);
+    cllm_model_files_free(s->mf);
+out:
+    cllm_metrics_free(&s->metrics);
+    sigaction(SIGPIPE, &old_pipe, NULL);
+    pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
+    free(s);
+    return st;
+}

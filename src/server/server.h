@@ -1,0 +1,80 @@
+/*
+ * The HTTP server as a whole: it listens at once, loads the model and warms the engine up in a
+ * background thread (answering 503 {"status":"loading"} meanwhile), serves until SIGINT or
+ * SIGTERM, then stops accepting, cancels the work in flight and frees everything. The server
+ * owns all JSON and HTTP; it reaches the model only through the engine and the tokenizer.
+ * struct cllm_server is the state the route handlers (http.h, routes.h) share.
+ */
+#ifndef CLLM_SERVER_SERVER_H
+#define CLLM_SERVER_SERVER_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+#include "model/model_files.h"
+#include "server/metrics.h"
+#include "tokenizer/chat_template.h"
+
+#define CLLM_SERVER_DEFAULT_PORT 8000
+#define CLLM_SERVER_DEFAULT_MAX_BODY ((size_t)8 << 20)
+#define CLLM_SERVER_DEFAULT_MAX_CONNECTIONS 512
+#define CLLM_SERVER_DEFAULT_TIMEOUT_S 60
+
+struct cllm_server_config {
+    const char *model_path;   /* GGUF file or HF folder */
+    const char *host;         /* address to bind; NULL = "0.0.0.0" */
+    int port;                 /* 0..65535 (0 = any free port) */
+    const char *api_key;      /* NULL or "": no authentication */
+    size_t max_body;          /* request body bytes at most; 0 = the default */
+    unsigned max_connections; /* simultaneous connections; 0 = the default */
+    unsigned timeout_s;       /* idle seconds before a connection is dropped; 0 = the default */
+    struct cllm_engine_config engine;
+    /* Fills the request defaults once the model is open (generation_config + server flags).
+     * Strings it points p->stop at must outlive cllm_server_run. */
+    void (*request_defaults)(void *ctx, const struct cllm_model_files *mf,
+                             struct cllm_request_params *p);
+    void *request_defaults_ctx;
+};
+
+enum cllm_server_state {
+    CLLM_SERVER_LOADING,
+    CLLM_SERVER_READY,
+    CLLM_SERVER_FAILED,
+};
+
+struct cllm_server {
+    struct cllm_server_config cfg;
+    char model_name[128]; /* what /v1/models and responses call the model */
+    double t_start;       /* monotonic seconds at cllm_server_run */
+    int64_t t_created;    /* Unix seconds at cllm_server_run (the model's "created") */
+    atomic_int state;     /* enum cllm_server_state; the fields below are set before READY */
+    atomic_bool stopping; /* a signal came: handlers cancel their work and return */
+    atomic_uint_fast64_t next_id;
+
+    /* set by the loader thread before state becomes READY, read-only afterwards */
+    struct cllm_model_files *mf;
+    struct cllm_chat_template *tmpl; /* NULL if the model has no chat template */
+    struct cllm_engine *engine;
+    struct cllm_request_params defaults;
+    double load_seconds;
+    char load_error[512]; /* for CLLM_SERVER_FAILED */
+
+    struct cllm_metrics metrics;
+    struct MHD_Daemon *daemon;
+    int listen_fd;
+    pthread_t loader;
+};
+
+/* Runs the server until SIGINT/SIGTERM (CLLM_OK) or until it cannot go on: the address cannot
+ * be bound or the model fails to load (an error, err filled). Blocks SIGINT/SIGTERM in the
+ * calling thread (and so in every thread it starts) and ignores SIGPIPE while it runs. */
+enum cllm_status cllm_server_run(const struct cllm_server_config *c, char *err, size_t err_len);
+
+/* True once the model is loaded and warmed up (and not shutting down). */
+bool cllm_server_ready(const struct cllm_server *s);
+
+#endif

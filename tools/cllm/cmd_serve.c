@@ -1,0 +1,129 @@
+/*
+ * `cllm serve --model PATH [--host H] [--port N] [--api-key KEY] [--max-queue N]
+ * [--max-body BYTES] [generation/engine options]`: the HTTP server (src/server). Request
+ * defaults are the model's generation_config overridden by the flags (gen_opts.c), which each
+ * request may override again.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cmd.h"
+#include "core/log.h"
+#include "gen_opts.h"
+#include "server/server.h"
+
+enum { OPT_HOST = 2000, OPT_PORT, OPT_API_KEY, OPT_MAX_QUEUE, OPT_MAX_BODY };
+
+static void usage(FILE *f)
+{
+    fprintf(
+        f, "usage: cllm serve --model PATH [options]\n"
+           "  --host ADDR             address to listen on (default 0.0.0.0)\n"
+           "  --port N                port (default 8000)\n"
+           "  --api-key KEY           require Authorization: Bearer KEY (/ and /health stay "
+           "open)\n"
+           "  --max-queue N           waiting requests at most; more get 429 (default 4096)\n"
+           "  --max-body BYTES        request body limit; more get 413 (default 8 MiB)\n"
+           "request defaults (each request may override them) and engine sizing:\n" CLLM_GEN_USAGE);
+}
+
+static bool parse_ull(const char *s, unsigned long long lo, unsigned long long hi,
+                      unsigned long long *out)
+{
+    char *end;
+    errno = 0;
+    if (!s || *s == '-')
+        return false;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return false;
+    *out = v;
+    return true;
+}
+
+static void request_defaults(void *ctx, const struct cllm_model_files *mf,
+                             struct cllm_request_params *p)
+{
+    cllm_gen_opts_params(ctx, mf, p);
+}
+
+int cllm_cmd_serve(int argc, char **argv)
+{
+    static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+                                         {"host", required_argument, 0, OPT_HOST},
+                                         {"port", required_argument, 0, OPT_PORT},
+                                         {"api-key", required_argument, 0, OPT_API_KEY},
+                                         {"max-queue", required_argument, 0, OPT_MAX_QUEUE},
+                                         {"max-body", required_argument, 0, OPT_MAX_BODY},
+                                         {"help", no_argument, 0, 'h'},
+                                         CLLM_GEN_LONG_OPTIONS,
+                                         {0, 0, 0, 0}};
+    struct cllm_gen_opts g;
+    cllm_gen_opts_init(&g);
+    struct cllm_server_config cfg = {.host = "0.0.0.0", .port = CLLM_SERVER_DEFAULT_PORT};
+    unsigned long long v;
+    int c;
+    while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm':
+            cfg.model_path = optarg;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        case OPT_HOST:
+            cfg.host = optarg;
+            break;
+        case OPT_API_KEY:
+            cfg.api_key = optarg;
+            break;
+        case OPT_PORT:
+        case OPT_MAX_QUEUE:
+        case OPT_MAX_BODY:
+            if (!parse_ull(optarg, c == OPT_PORT ? 0 : 1,
+                           c == OPT_PORT        ? 65535
+                           : c == OPT_MAX_QUEUE ? 1 << 24
+                                                : 1ULL << 34,
+                           &v)) {
+                fprintf(stderr, "cllm: invalid value '%s' for --%s\n", optarg,
+                        c == OPT_PORT        ? "port"
+                        : c == OPT_MAX_QUEUE ? "max-queue"
+                                             : "max-body");
+                return 2;
+            }
+            if (c == OPT_PORT)
+                cfg.port = (int)v;
+            else if (c == OPT_MAX_QUEUE)
+                g.engine.max_queue = (int32_t)v;
+            else
+                cfg.max_body = (size_t)v;
+            break;
+        default:
+            if (cllm_gen_opts_parse(&g, c, optarg) == 1)
+                break;
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "cllm: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (!cfg.model_path) {
+        fprintf(stderr, "cllm: --model PATH is required (a .gguf file or an HF folder)\n");
+        return 2;
+    }
+    cfg.engine = g.engine;
+    cfg.request_defaults = request_defaults;
+    cfg.request_defaults_ctx = &g;
+    cllm_log_set_level(CLLM_LOG_INFO);
+    char err[1024] = "";
+    if (cllm_server_run(&cfg, err, sizeof err) != CLLM_OK) {
+        fprintf(stderr, "cllm: %s\n", err);
+        return 1;
+    }
+    return 0;
+}
