@@ -257,6 +257,22 @@ static int64_t default_kv_bytes(int64_t per_token, int32_t max_seqs, int32_t n_c
     return want > per_token * n_ctx ? want : per_token * n_ctx;
 }
 
+/* Frees whatever of the engine exists (after the thread has stopped, or before it started). */
+static void release(struct cllm_engine *e)
+{
+    cllm_scheduler_free(&e->sched);
+    if (e->model)
+        cllm_kv_cache_free(&e->kv, e->model);
+    cllm_model_free(e->model);
+    cllm_backend_free(e->be);
+    free(e->tokens), free(e->pos), free(e->seq), free(e->slot), free(e->outputs), free(e->table);
+    free(e->logits_copy);
+    free(e->plan_copy);
+    pthread_mutex_destroy(&e->lock);
+    pthread_cond_destroy(&e->wake);
+    free(e);
+}
+
 enum cllm_status cllm_engine_new(struct cllm_engine **out, const struct cllm_model_files *mf,
                                  const struct cllm_engine_config *c, char *err, size_t err_len)
 {
@@ -347,17 +363,7 @@ enum cllm_status cllm_engine_new(struct cllm_engine **out, const struct cllm_mod
     *out = e;
     return CLLM_OK;
 fail:
-    cllm_scheduler_free(&e->sched);
-    if (e->model)
-        cllm_kv_cache_free(&e->kv, e->model);
-    cllm_model_free(e->model);
-    cllm_backend_free(e->be);
-    free(e->tokens), free(e->pos), free(e->seq), free(e->slot), free(e->outputs), free(e->table);
-    free(e->logits_copy);
-    free(e->plan_copy);
-    pthread_mutex_destroy(&e->lock);
-    pthread_cond_destroy(&e->wake);
-    free(e);
+    release(e);
     return st;
 }
 
@@ -370,16 +376,7 @@ void cllm_engine_free(struct cllm_engine *e)
     pthread_cond_broadcast(&e->wake);
     pthread_mutex_unlock(&e->lock);
     pthread_join(e->thread, NULL);
-    cllm_scheduler_free(&e->sched);
-    cllm_kv_cache_free(&e->kv, e->model);
-    cllm_model_free(e->model);
-    cllm_backend_free(e->be);
-    free(e->tokens), free(e->pos), free(e->seq), free(e->slot), free(e->outputs), free(e->table);
-    free(e->logits_copy);
-    free(e->plan_copy);
-    pthread_mutex_destroy(&e->lock);
-    pthread_cond_destroy(&e->wake);
-    free(e);
+    release(e);
 }
 
 enum cllm_status cllm_engine_submit(struct cllm_engine *e, const int32_t *prompt, int32_t n_prompt,

@@ -394,3 +394,33 @@ void cllm_http_stop(struct cllm_server *s)
         MHD_stop_daemon(s->daemon);
     s->daemon = NULL;
 }
+
+bool cllm_http_run_job(struct cllm_server *s, struct cllm_http_req *hr,
+                       const struct cllm_request_params *p, bool list, enum MHD_Result *ret)
+{
+    char err[512];
+    enum cllm_status st = cllm_job_submit(s, &hr->job, p, err, sizeof err);
+    if (st) {
+        *ret = cllm_http_reply_status(hr, st, err);
+        return false;
+    }
+    switch (cllm_job_wait(s, &hr->job, hr->fd)) {
+    case CLLM_JOB_CLIENT_GONE:
+        *ret = MHD_NO;
+        return false;
+    case CLLM_JOB_STOPPING:
+        *ret = cllm_http_reply_error(hr, 503, "the server is shutting down");
+        return false;
+    case CLLM_JOB_DONE:
+        break;
+    }
+    int32_t bad = cllm_job_failed(&hr->job);
+    if (bad < 0)
+        return true;
+    const char *why = hr->job.outs[bad].error;
+    char what[32];
+    snprintf(what, sizeof what, list ? "prompt[%d]" : "prompt", (int)bad);
+    *ret = cllm_http_reply_error(hr, 500, "%s: generation failed: %s", what,
+                                 why[0] ? why : "cancelled");
+    return false;
+}

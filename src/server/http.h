@@ -70,6 +70,12 @@ enum MHD_Result cllm_http_reply_response(struct cllm_http_req *hr, unsigned stat
  * answer. Never blocks. */
 bool cllm_http_peer_gone(int fd);
 
+/* Submits hr's prepared job and waits for it. True when every prompt finished; otherwise the
+ * reply (an error, or dropping the connection of a client that left) is queued, *ret is set
+ * and false is returned. `list` names failing prompts as prompt[i] rather than prompt. */
+bool cllm_http_run_job(struct cllm_server *s, struct cllm_http_req *hr,
+                       const struct cllm_request_params *p, bool list, enum MHD_Result *ret);
+
 /* Parses the body as a JSON object; on failure queues a 400 and returns NULL with *ret set. */
 cJSON *cllm_http_parse_object(struct cllm_http_req *hr, enum MHD_Result *ret);
 

@@ -405,30 +405,15 @@ static enum MHD_Result handle(struct cllm_server *s, struct cllm_http_req *hr, e
         ret = cllm_http_reply_error(hr, 400, "stream needs exactly one prompt, got %d", (int)n);
         goto done;
     }
-    if ((st = cllm_job_submit(s, &hr->job, &jp.p, err, sizeof err))) {
-        ret = cllm_http_reply_status(hr, st, err);
-        goto done;
-    }
     if (streaming) {
-        ret = start_stream(s, hr, kind);
+        if ((st = cllm_job_submit(s, &hr->job, &jp.p, err, sizeof err)))
+            ret = cllm_http_reply_status(hr, st, err);
+        else
+            ret = start_stream(s, hr, kind);
         goto done;
     }
-    switch (cllm_job_wait(s, &hr->job, hr->fd)) {
-    case CLLM_JOB_CLIENT_GONE:
-        ret = MHD_NO;
+    if (!cllm_http_run_job(s, hr, &jp.p, false, &ret))
         goto done;
-    case CLLM_JOB_STOPPING:
-        ret = cllm_http_reply_error(hr, 503, "the server is shutting down");
-        goto done;
-    case CLLM_JOB_DONE:
-        break;
-    }
-    int32_t bad = cllm_job_failed(&hr->job);
-    if (bad >= 0) {
-        const char *why = hr->job.outs[bad].error;
-        ret = cllm_http_reply_error(hr, 500, "generation failed: %s", why[0] ? why : "cancelled");
-        goto done;
-    }
     ret = cllm_http_reply_json(hr, 200, whole_response(s, hr, kind));
 done:
     cJSON_Delete(root);

@@ -96,29 +96,8 @@ enum MHD_Result cllm_route_predict(struct cllm_server *s, struct cllm_http_req *
             goto done;
         }
     }
-    if ((st = cllm_job_submit(s, &hr->job, &jp.p, err, sizeof err))) {
-        ret = cllm_http_reply_status(hr, st, err);
+    if (!cllm_http_run_job(s, hr, &jp.p, list, &ret))
         goto done;
-    }
-    switch (cllm_job_wait(s, &hr->job, hr->fd)) {
-    case CLLM_JOB_CLIENT_GONE:
-        ret = MHD_NO;
-        goto done;
-    case CLLM_JOB_STOPPING:
-        ret = cllm_http_reply_error(hr, 503, "the server is shutting down");
-        goto done;
-    case CLLM_JOB_DONE:
-        break;
-    }
-    int32_t bad = cllm_job_failed(&hr->job);
-    if (bad >= 0) {
-        const struct cllm_request_output *o = &hr->job.outs[bad];
-        char what[32];
-        snprintf(what, sizeof what, list ? "prompt[%d]" : "prompt", (int)bad);
-        ret = cllm_http_reply_error(hr, 500, "%s: generation failed: %s", what,
-                                    o->error[0] ? o->error : "cancelled");
-        goto done;
-    }
     cJSON *out = cJSON_CreateObject();
     cJSON *resp = list ? cJSON_AddArrayToObject(out, "response") : NULL;
     bool ok = out && (!list || resp);

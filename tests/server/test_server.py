@@ -21,7 +21,7 @@ import time
 
 BIN = os.environ["CLLM_BIN"]
 GGUF = os.environ["CLLM_TEST_GGUF"]
-WORKLOAD = os.environ.get("CLLM_WORKLOAD", "")
+WORKLOAD = os.environ["CLLM_WORKLOAD"]
 CTX = 1024
 MAX_BODY = 65536
 
@@ -115,8 +115,8 @@ def request(port, method, path, body=None, headers=None, timeout=300, chunked=Fa
         c.close()
 
 
-def post(port, path, obj, headers=None):
-    st, h, data = request(port, "POST", path, obj, headers)
+def post(port, path, obj, headers=None, timeout=300):
+    st, h, data = request(port, "POST", path, obj, headers, timeout=timeout)
     try:
         j = json.loads(data)
     except ValueError:
@@ -540,6 +540,24 @@ def test_concurrent(port):
               and r[2]["response"], f"concurrent request {i}: {r}")
 
 
+def test_workload_batch(port, questions):
+    # The evaluation's 41-question batch in one /predict call: every answer present, in order,
+    # and (greedy) identical to the answer the same question gets alone.
+    t = time.monotonic()
+    st, _, j = post(port, "/predict", {"prompt": questions[:41], "max_tokens": 16}, timeout=900)
+    dt = time.monotonic() - t
+    answers = j.get("response") if isinstance(j, dict) else None
+    check(st == 200 and isinstance(answers, list) and len(answers) == 41
+          and all(isinstance(a, str) and a for a in answers), f"41-question batch: {st} {str(j)[:300]}")
+    print(f"41-question /predict batch (max_tokens 16): {dt:.1f} s", flush=True)
+    if not isinstance(answers, list) or len(answers) != 41:
+        return
+    for i in (0, 17, 40):
+        st, _, one = post(port, "/predict", {"prompt": questions[i], "max_tokens": 16})
+        check(st == 200 and one.get("response") == answers[i],
+              f"question {i} alone gives the batch's answer: {one.get('response')!r} vs {answers[i]!r}")
+
+
 def test_auth_and_queue():
     srv = Server("--api-key", "s3cret", "--max-queue", "1")
     try:
@@ -629,13 +647,10 @@ def test_sigterm(srv):
 
 
 def main():
-    questions = []
-    if WORKLOAD:
-        try:
-            questions = json.load(open(os.path.join(WORKLOAD, "pmpp_questions.json")))
-            questions = [q if isinstance(q, str) else q.get("question", q.get("prompt", "")) for q in questions]
-        except (OSError, ValueError):
-            questions = []
+    # The workload is required: without it the batch tests would not run.
+    questions = json.load(open(os.path.join(WORKLOAD, "pmpp_questions.json"), encoding="utf-8"))
+    check(len(questions) == 192 and all(isinstance(q, str) and q for q in questions),
+          "the workload has its 192 questions")
     srv = Server("--ctx", str(CTX), "--max-body", str(MAX_BODY))
     try:
         if not test_startup(srv):
@@ -650,6 +665,7 @@ def main():
         test_disconnect(port)
         test_slow_client(port)
         test_concurrent(port)
+        test_workload_batch(port, questions)
         check(wait_idle(port, 10), "idle after the tests")
         test_sigterm(srv)
     finally:

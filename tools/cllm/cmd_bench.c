@@ -182,8 +182,12 @@ static int workload(struct cllm_engine *e, const struct cllm_model_files *mf, co
             }
             outs[i].text.len = 0;
         }
-        if (done < n)
-            cllm_request_poll(reqs[next - 1], 2, &outs[next - 1]); /* a short wait, not a spin */
+        if (done < n) {
+            /* A short wait on the newest request, not a spin; its state is read again above. */
+            struct cllm_request_output wait = {0};
+            cllm_request_poll(reqs[next - 1], 2, &wait);
+            cllm_buf_free(&wait.text);
+        }
     }
     double wall = cllm_cmd_now() - t0;
     double *ttft = calloc((size_t)n, sizeof *ttft), *itl = NULL;
