@@ -96,6 +96,18 @@ static struct cllm_engine *engine(int64_t kv_bytes, int32_t batch_tokens, int32_
     return e;
 }
 
+/* Stats are published after each engine step, a moment after the last request finishes:
+ * wait (up to 2 s) for the engine to report itself idle. */
+static void wait_idle(struct cllm_engine *e, struct cllm_engine_stats *st)
+{
+    for (int i = 0; i < 200; i++) {
+        cllm_engine_stats(e, st);
+        if (st->kv_blocks_used == 0 && st->running == 0)
+            return;
+        usleep(10000);
+    }
+}
+
 static void test_invariance(void)
 {
     struct cllm_buf alone[N_Q] = {0}, batched[N_Q] = {0}, squeezed[N_Q] = {0};
@@ -117,7 +129,7 @@ static void test_invariance(void)
     if (!e)
         return;
     run(e, N_Q, N_Q, squeezed);
-    cllm_engine_stats(e, &st);
+    wait_idle(e, &st);
     printf("squeezed run: %llu steps, %llu preemptions\n", (unsigned long long)st.steps,
            (unsigned long long)st.preemptions);
     CHECK(st.preemptions > 0);
@@ -159,12 +171,7 @@ static void test_cancel_and_limits(void)
     cllm_request_release(r);
     cllm_buf_free(&o.text);
     struct cllm_engine_stats st;
-    for (int i = 0; i < 100; i++) { /* stats are published after each loop of the engine */
-        cllm_engine_stats(e, &st);
-        if (st.kv_blocks_used == 0 && st.running == 0)
-            break;
-        usleep(10000);
-    }
+    wait_idle(e, &st);
     CHECK(st.kv_blocks_used == 0 && st.running == 0);
 
     int32_t long_prompt[200];
