@@ -21,6 +21,7 @@
 #include "backend/backend.h"
 #include "core/mmap.h"
 #include "model/model.h"
+#include "fixture_json.h"
 #include "test.h"
 
 #define BLOCK 16
@@ -205,23 +206,10 @@ static void test_paging(struct runner *a, struct runner *b, const cJSON *c)
 
 int main(void)
 {
-    char path[4096], err[512];
-    snprintf(path, sizeof path, "%s/logits_golden.json", test_env("CLLM_FIXTURES"));
-    char *json;
-    size_t len;
-    if (cllm_read_file(path, 64u << 20, &json, &len, err, sizeof err)) {
-        fprintf(stderr, "%s\n", err);
-        return 1;
-    }
-    cJSON *root = cJSON_ParseWithLength(json, len);
+    char err[512];
+    cJSON *root = test_fixture_json("logits_golden.json");
     const cJSON *cases = cJSON_GetObjectItem(root, "cases");
-    snprintf(path, sizeof path, "%s/llama_greedy.json", test_env("CLLM_FIXTURES"));
-    char *ljson;
-    if (cllm_read_file(path, 1 << 20, &ljson, &len, err, sizeof err)) {
-        fprintf(stderr, "%s\n", err);
-        return 1;
-    }
-    cJSON *lroot = cJSON_ParseWithLength(ljson, len);
+    cJSON *lroot = test_fixture_json("llama_greedy.json");
     const cJSON *llama = cJSON_GetObjectItem(lroot, "cases");
     CHECK(cJSON_GetArraySize(llama) == cJSON_GetArraySize(cases));
     CHECK(cJSON_GetArraySize(cases) == 5);
@@ -260,7 +248,5 @@ int main(void)
     cllm_backend_free(be);
     cJSON_Delete(root);
     cJSON_Delete(lroot);
-    free(json);
-    free(ljson);
     return test_summary();
 }

@@ -18,6 +18,7 @@
 #include "model/vocab_load.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
+#include "fixture_json.h"
 #include "test.h"
 
 static size_t unhex(const char *hex, char *out)
@@ -102,14 +103,7 @@ static double now(void)
 int main(void)
 {
     char path[4096], err[512] = "";
-    snprintf(path, sizeof path, "%s/tokenizer_golden.json", test_env("CLLM_FIXTURES"));
-    char *json;
-    size_t len;
-    if (cllm_read_file(path, 64u << 20, &json, &len, err, sizeof err)) {
-        fprintf(stderr, "%s\n", err);
-        return 1;
-    }
-    cJSON *root = cJSON_ParseWithLength(json, len);
+    cJSON *root = test_fixture_json("tokenizer_golden.json");
     const cJSON *cases = cJSON_GetObjectItem(root, "cases");
     CHECK(cJSON_GetArraySize(cases) > 500);
 
@@ -146,6 +140,5 @@ int main(void)
     cllm_tokenizer_free(from_json);
     cllm_gguf_free(g);
     cJSON_Delete(root);
-    free(json);
     return test_summary();
 }

@@ -1,0 +1,36 @@
+/*
+ * Loading a JSON fixture from tests/fixtures (CLLM_FIXTURES): the parsed document, or exit(1)
+ * with the reason when the file is missing or malformed (a missing fixture is a failure,
+ * never a skip). Free with cJSON_Delete.
+ */
+#ifndef CLLM_TESTS_FIXTURE_JSON_H
+#define CLLM_TESTS_FIXTURE_JSON_H
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <cjson/cJSON.h>
+
+#include "core/mmap.h"
+#include "test.h"
+
+static inline cJSON *test_fixture_json(const char *name)
+{
+    char path[4096], err[512] = "";
+    snprintf(path, sizeof path, "%s/%s", test_env("CLLM_FIXTURES"), name);
+    char *text;
+    size_t len;
+    if (cllm_read_file(path, 64u << 20, &text, &len, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        exit(1);
+    }
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    free(text);
+    if (!root) {
+        fprintf(stderr, "%s: not valid JSON\n", path);
+        exit(1);
+    }
+    return root;
+}
+
+#endif
