@@ -46,6 +46,12 @@ static bool ids_equal(const struct cllm_ids *got, const cJSON *want)
     return true;
 }
 
+/* Equal contents; empty buffers (data may be NULL) are equal. */
+static bool same_bytes(const struct cllm_buf *a, const struct cllm_buf *b)
+{
+    return a->len == b->len && (a->len == 0 || memcmp(a->data, b->data, a->len) == 0);
+}
+
 static int n_compared;
 
 static void check_cases(const struct cllm_tokenizer *t, const cJSON *cases, const char *label,
@@ -80,10 +86,8 @@ static void check_cases(const struct cllm_tokenizer *t, const cJSON *cases, cons
             for (size_t i = 0; i < ids.n; i++)
                 cllm_detok_stream_push(&s, ids.v[i], &streamed);
             cllm_detok_stream_flush(&s, &streamed);
-            CHECKF(whole.len == clean.len && memcmp(whole.data, clean.data, clean.len) == 0,
-                   "%s: decode of %s", label, name);
-            CHECKF(streamed.len == clean.len && memcmp(streamed.data, clean.data, clean.len) == 0,
-                   "%s: streamed decode of %s", label, name);
+            CHECKF(same_bytes(&whole, &clean), "%s: decode of %s", label, name);
+            CHECKF(same_bytes(&streamed, &clean), "%s: streamed decode of %s", label, name);
             cllm_buf_free(&clean);
             cllm_buf_free(&whole);
             cllm_buf_free(&streamed);
