@@ -311,6 +311,8 @@ enum cllm_status cllm_engine_new(struct cllm_engine **out, const struct cllm_mod
     /* The default budget rounds up to whole blocks; an explicit --kv-mem is a ceiling. */
     int64_t n_blocks = cfg->kv_bytes ? kv_bytes / block_bytes
                                      : (kv_bytes + block_bytes - 1) / block_bytes;
+    if (!cfg->kv_bytes && n_blocks < 2)
+        n_blocks = 2; /* the smallest cache the scheduler works with */
     if (n_blocks < 2 || n_blocks > INT32_MAX / cfg->block_size) {
         st = cllm_fail(err, err_len, CLLM_ERR_RANGE,
                        "a KV cache of %lld bytes holds %lld blocks of %d tokens; need at least 2",

@@ -100,6 +100,24 @@ def test_bad_files(tmp):
         expect_error(["info", "--model", d], needle, f"safetensors {name}")
 
 
+def test_generate_errors():
+    # Bad generation input: a clear one-line error and a non-zero exit, never a crash.
+    cases = [
+        (["--prompt", ""], "empty"),
+        (["--prompt", "hi", "--temperature", "-1", "--max-tokens", "2"], "temperature"),
+        (["--prompt", "hi", "--top-p", "1.5", "--max-tokens", "2"], "top_p"),
+        (["--raw", "--ctx", "8", "--prompt", "one two three four five six seven eight nine ten"],
+         "context window"),
+    ]
+    for args, needle in cases:
+        expect_error(["generate", "--model", GGUF] + args, needle, f"generate {args}")
+    r = run(["generate", "--model", GGUF, "--prompt", "hi", "--max-tokens", "0"])
+    check(r.returncode == 2 and b"invalid value" in r.stderr, "--max-tokens 0 is refused")
+    r = run(["generate", "--model", GGUF, "--raw", "--prompt", "1, 2, 3, 4,", "--max-tokens", "4"])
+    check(r.returncode == 0 and len(r.stdout.strip()) > 0 and b"decode" in r.stderr,
+          f"generate streams an answer and reports rates: {r.stderr[-300:]}")
+
+
 def main():
     golden = json.load(open(os.path.join(FIXTURES, "tokenizer_golden.json")))["cases"]
     pick = {"english", "chinese", "code", "emoji", "whitespace_runs", "newline_runs", "trailing_spaces",
@@ -119,6 +137,7 @@ def main():
     check(run(["info"]).returncode != 0, "info without --model fails")
     with tempfile.TemporaryDirectory() as tmp:
         test_bad_files(tmp)
+    test_generate_errors()
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 

@@ -63,6 +63,10 @@ int cllm_cmd_generate(int argc, char **argv)
         fprintf(stderr, "cllm: cannot read the prompt from stdin\n");
         goto done;
     }
+    if (text.len == 0) {
+        fprintf(stderr, "cllm: the prompt is empty\n");
+        goto done;
+    }
     if (cllm_cmd_render_prompt(mf, raw, system, text.data ? text.data : "", text.len, &rendered,
                                err, sizeof err) != CLLM_OK ||
         cllm_tokenize(mf->tok, rendered.data ? rendered.data : "", rendered.len, &ids) != CLLM_OK) {
