@@ -1,7 +1,6 @@
 /* Request lifetime, the token list, and the hand-off of output to the submitter. */
 #include "engine/request.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
