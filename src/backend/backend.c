@@ -27,3 +27,16 @@ void cllm_backend_free(struct cllm_backend *be)
     if (be)
         be->iface->free(be);
 }
+
+size_t cllm_backend_elem_size(enum cllm_dtype t)
+{
+    switch (t) {
+    case CLLM_DTYPE_F32:
+        return 4;
+    case CLLM_DTYPE_F16:
+    case CLLM_DTYPE_BF16:
+        return 2;
+    default:
+        return 0;
+    }
+}

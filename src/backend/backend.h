@@ -1,12 +1,23 @@
 /*
  * THE device interface. The forward pass (model/model.c) is written once against these ops;
- * each backend (cpu/, later cuda/) implements them. Pointers passed to ops are device
- * pointers obtained from alloc (on the CPU they are host pointers). Ops may run
- * asynchronously until sync. Nothing else crosses this boundary.
+ * each backend (cpu/, cuda/) implements them. Pointers passed to ops are device pointers
+ * obtained from alloc (on the CPU they are host pointers). Ops may run asynchronously until
+ * sync. Nothing else crosses this boundary.
  *
- * Shapes: activations are row-major [n_tokens][dim] F32. The KV cache of one layer is
- * [n_slots][n_kv_head][head_dim] F32 with n_slots = n_blocks * block_size: a token's K and V
- * live in the slot its sequence's block table assigns (paged attention).
+ * Element types. The residual stream, matmul outputs and logits are F32. Two types are the
+ * backend's choice, named in its iface so that callers size buffers by them:
+ *   act_dtype  the "matmul input" activations: what rmsnorm, add_rmsnorm, attention and
+ *              silu_mul write and what matmul reads (CPU: F32; CUDA: BF16, the tensor cores'
+ *              input type, so no conversion pass runs before a GEMM);
+ *   kv_dtype   the KV cache (CPU: F32; CUDA: BF16, half the bytes that decode reads).
+ * Callers never read such buffers themselves; they only pass them between ops.
+ *
+ * Shapes: activations are row-major [n_tokens][dim]. The KV cache of one layer is
+ * [n_slots][n_kv_head][head_dim] kv_dtype with n_slots = n_blocks * block_size: a token's K and
+ * V live in the slot its sequence's block table assigns (paged attention). Q, K and V of a
+ * step share one F32 buffer [n_tokens][ld] laid out as [q heads | k heads | v heads], so a
+ * backend that merges the three projection weights fills it with one GEMM; gate and up share
+ * one [n_tokens][2 * n_ff] buffer the same way.
  */
 #ifndef CLLM_BACKEND_BACKEND_H
 #define CLLM_BACKEND_BACKEND_H
@@ -18,11 +29,15 @@
 #include "cllm.h"
 #include "tensor/tensor.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 struct cllm_backend;
 
 /* A weight as the backend holds it: the host tensor it came from and the device copy. */
 struct cllm_weight {
-    const struct cllm_tensor *host; /* borrowed: the mmap'd file tensor */
+    const struct cllm_tensor *host; /* borrowed: the mmap'd file tensor (the first of a stack) */
     const void *data;               /* device pointer to the weight in `dtype` */
     enum cllm_dtype dtype;
     int64_t ne[2];                  /* {row length, rows} (vectors: {n, 1}) */
@@ -33,10 +48,12 @@ struct cllm_attn_batch {
     int32_t n_tokens;
     const int32_t *pos;         /* [n_tokens] position of the token in its sequence */
     const int32_t *seq;         /* [n_tokens] index of the token's sequence in block_table */
-    const int32_t *slot;        /* [n_tokens] KV slot each token's K/V is written to */
+    const int32_t *slot;        /* [n_tokens] KV slot each token's K/V is written to; a negative
+                                   slot (a padding row) writes nothing */
     const int32_t *block_table; /* [n_seqs][max_blocks] block ids of each sequence */
     int32_t max_blocks;
     int32_t block_size;         /* tokens per KV block */
+    int32_t max_len;            /* host-side bound: every pos[t] < max_len */
 };
 
 /* Rotary embedding as transformers applies it (rotate-half pairs i and i + head_dim/2). */
@@ -45,8 +62,21 @@ struct cllm_rope {
     int32_t head_dim; /* rotary dimension (= head_dim for Qwen2) */
 };
 
+/* How one row of logits becomes a token, for backends that sample on the device. The
+ * processors run in transformers' order: temperature, top-k, top-p, min-p. */
+struct cllm_sample_row {
+    float temperature; /* 0 = greedy: argmax, lowest index winning ties */
+    int32_t top_k;     /* 0 = off */
+    float top_p;       /* 1 = off */
+    float min_p;       /* 0 = off */
+    uint64_t seed;     /* the request's random stream ... */
+    uint64_t counter;  /* ... and the draw within it: a draw depends on nothing else */
+};
+
 struct cllm_backend_iface {
     const char *name;
+    enum cllm_dtype act_dtype; /* see the top of this file */
+    enum cllm_dtype kv_dtype;
     void (*free)(struct cllm_backend *be);
 
     /* memory */
@@ -54,49 +84,70 @@ struct cllm_backend_iface {
     void (*dealloc)(struct cllm_backend *be, void *p);
     enum cllm_status (*upload)(struct cllm_backend *be, void *dst, const void *src, size_t n);
     enum cllm_status (*download)(struct cllm_backend *be, void *dst, const void *src, size_t n);
+    /* Sets n bytes at dst to zero. */
+    enum cllm_status (*memzero)(struct cllm_backend *be, void *dst, size_t n);
+    /* Optional (NULL: no limit the backend knows of): free and total device memory. */
+    enum cllm_status (*mem_info)(struct cllm_backend *be, size_t *free_bytes,
+                                 size_t *total_bytes);
     /* Makes a file tensor usable by the ops (CPU: borrows the mapping in place). */
     enum cllm_status (*weight_init)(struct cllm_backend *be, const struct cllm_tensor *t,
                                     struct cllm_weight *w, char *err, size_t err_len);
+    /* Optional (NULL: not supported): one weight whose rows are the rows of parts[0], then
+     * parts[1], ... (all with the same row length), so that one matmul computes them all. */
+    enum cllm_status (*weight_init_stacked)(struct cllm_backend *be,
+                                            const struct cllm_tensor *const *parts, int n_parts,
+                                            struct cllm_weight *w, char *err, size_t err_len);
     void (*weight_free)(struct cllm_backend *be, struct cllm_weight *w);
 
     /* ops */
     /* out[i] = row tokens[i] of the embedding matrix, as F32. */
     enum cllm_status (*embed)(struct cllm_backend *be, const struct cllm_weight *embd,
                               const int32_t *tokens, int32_t n, float *out);
-    /* out = x / rms(x) * w per row of dim; eps inside the root. */
+    /* out (act_dtype) = x / rms(x) * w per row of dim; eps inside the root. */
     enum cllm_status (*rmsnorm)(struct cllm_backend *be, const float *x,
                                 const struct cllm_weight *w, float eps, int32_t n, int32_t dim,
-                                float *out);
-    /* Fused residual step: res += x, then out = rmsnorm(res) * w. */
+                                void *out);
+    /* Fused residual step: res += x, then out (act_dtype) = rmsnorm(res) * w. */
     enum cllm_status (*add_rmsnorm)(struct cllm_backend *be, float *res, const float *x,
                                     const struct cllm_weight *w, float eps, int32_t n,
-                                    int32_t dim, float *out);
-    /* res += x. */
-    enum cllm_status (*add)(struct cllm_backend *be, float *res, const float *x, int32_t n,
-                            int32_t dim);
-    /* y[t][0..N) = W x[t] (+ bias) for t < n; x is [n][K], y has row stride ldy. */
+                                    int32_t dim, void *out);
+    /* y[t][0..N) = W x[t] (+ bias) for t < n; x is [n][K] act_dtype, y F32 with row stride
+     * ldy. */
     enum cllm_status (*matmul)(struct cllm_backend *be, const struct cllm_weight *w,
-                               const struct cllm_weight *bias, const float *x, int32_t n,
+                               const struct cllm_weight *bias, const void *x, int32_t n,
                                float *y, int32_t ldy);
-    /* Rotates q [n][n_head][hd] and k [n][n_kv][hd] in place at each token's position, then
-     * stores k and v [n][n_kv][hd] into the layer's cache at each token's slot. */
-    enum cllm_status (*rope_store_kv)(struct cllm_backend *be, const struct cllm_rope *rope,
-                                      const struct cllm_attn_batch *b, float *q, float *k,
-                                      const float *v, int32_t n_head, int32_t n_kv,
-                                      float *k_cache, float *v_cache);
+    /* qkv is [n][ld] F32 holding q [n_head][hd], k [n_kv][hd], v [n_kv][hd] per row. Adds the
+     * stacked bias [q | k | v] if given, rotates q and k at each token's position (q in place,
+     * for attention), and stores k and v into the layer's cache at each token's slot. */
+    enum cllm_status (*qkv_rope_store)(struct cllm_backend *be, const struct cllm_rope *rope,
+                                       const struct cllm_attn_batch *b, float *qkv, int32_t ld,
+                                       const struct cllm_weight *bias, int32_t n_head,
+                                       int32_t n_kv, void *k_cache, void *v_cache);
     /* Causal attention of each token over its sequence's positions 0..pos (paged cache).
-     * q [n][n_head][hd] -> out [n][n_head][hd]; grouped-query: head h reads kv head
-     * h / (n_head / n_kv). scale multiplies q.k. */
+     * q rows [n][ldq] F32 hold [n_head][hd] -> out [n][n_head][hd] act_dtype; grouped-query:
+     * head h reads kv head h / (n_head / n_kv). scale multiplies q.k. */
     enum cllm_status (*attention)(struct cllm_backend *be, const struct cllm_attn_batch *b,
-                                  const float *q, const float *k_cache, const float *v_cache,
-                                  int32_t n_head, int32_t n_kv, int32_t head_dim, float scale,
-                                  float *out);
-    /* out = silu(gate) * up, elementwise over [n][dim]. */
-    enum cllm_status (*silu_mul)(struct cllm_backend *be, const float *gate, const float *up,
-                                 int32_t n, int32_t dim, float *out);
-    /* out[i] = x[idx[i]] for rows of dim. */
+                                  const float *q, int32_t ldq, const void *k_cache,
+                                  const void *v_cache, int32_t n_head, int32_t n_kv,
+                                  int32_t head_dim, float scale, void *out);
+    /* gate_up is [n][2 * dim] F32 (gate, then up); out [n][dim] act_dtype = silu(gate) * up. */
+    enum cllm_status (*silu_mul)(struct cllm_backend *be, const float *gate_up, int32_t n,
+                                 int32_t dim, void *out);
+    /* out[i] = x[idx[i]] for F32 rows of dim. */
     enum cllm_status (*gather_rows)(struct cllm_backend *be, const float *x, const int32_t *idx,
                                     int32_t n_idx, int32_t dim, float *out);
+    /* Optional (NULL: the caller samples on the host): tokens[i] (host) for each F32 logits
+     * row i of [n][n_vocab] (device), drawn as rows[i] (host) says. Waits for the result. */
+    enum cllm_status (*sample)(struct cllm_backend *be, const float *logits, int32_t n,
+                               int32_t n_vocab, const struct cllm_sample_row *rows,
+                               int32_t *tokens);
+    /* Optional (NULL: ops always run as issued): replay of recorded op sequences. If a
+     * sequence was recorded under key, graph_begin launches it and sets *replayed; the
+     * caller then issues nothing. Otherwise it starts recording (*replayed false): the caller
+     * issues the ops (with the same pointers and sizes as every later replay will see) and
+     * calls graph_end, which stores and launches them. A failed recording is dropped. */
+    enum cllm_status (*graph_begin)(struct cllm_backend *be, uint64_t key, bool *replayed);
+    enum cllm_status (*graph_end)(struct cllm_backend *be, uint64_t key);
     /* Waits for every op queued so far. */
     enum cllm_status (*sync)(struct cllm_backend *be);
 };
@@ -114,11 +165,19 @@ enum cllm_backend_kind {
 struct cllm_backend_options {
     enum cllm_backend_kind kind;
     int32_t n_threads; /* CPU: threads in the pool; 0 = physical cores */
+    int32_t device;    /* CUDA: device ordinal */
 };
 
 /* Creates a backend; CLLM_ERR_UNSUPPORTED for one not compiled in. */
 enum cllm_status cllm_backend_new(struct cllm_backend **out, const struct cllm_backend_options *o,
                                   char *err, size_t err_len);
 void cllm_backend_free(struct cllm_backend *be);
+
+/* Bytes of one element of a float dtype the ops use (F32, F16, BF16); 0 for others. */
+size_t cllm_backend_elem_size(enum cllm_dtype t);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

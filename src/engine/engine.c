@@ -28,6 +28,8 @@ struct cllm_engine {
     /* step arrays, [max_batch_tokens] / [max_seqs][max_blocks_per_seq] */
     int32_t *tokens, *pos, *seq, *slot, *outputs, *table;
     float *logits_copy; /* one row of logits for the sampler to scribble on */
+    struct cllm_sample_row *rows; /* [max_seqs] device sampling of each output */
+    int32_t *sampled;             /* [max_seqs] the device's tokens (-1: sample on the host) */
     struct cllm_sched_entry *plan_copy; /* [max_seqs] */
 
     pthread_t thread;
@@ -154,6 +156,35 @@ static void build_step(struct cllm_engine *e, struct cllm_step *st)
                              e->table,   p->n_entries, e->max_blocks_per_seq, n_out, e->outputs};
 }
 
+/* Penalties need the request's token history, which only the host sampler keeps. */
+static bool samples_on_device(const struct cllm_sampling_params *p)
+{
+    return p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
+           p->frequency_penalty == 0.0f;
+}
+
+/* The device sampler's row for each output of the plan: the draw counter is the index of the
+ * token being generated, so a request's draws never depend on what it is batched with. */
+static void build_sample_rows(struct cllm_engine *e)
+{
+    const struct cllm_plan *p = &e->sched.plan;
+    int32_t out = 0;
+    for (int32_t j = 0; j < p->n_entries; j++) {
+        if (!p->entries[j].sample)
+            continue;
+        const struct cllm_request *r = p->entries[j].req;
+        const struct cllm_sampling_params *sp = &r->params.sampling;
+        struct cllm_sample_row *row = &e->rows[out++];
+        if (!samples_on_device(sp)) {
+            *row = (struct cllm_sample_row){.temperature = -1.0f};
+            continue;
+        }
+        *row = (struct cllm_sample_row){sp->temperature, sp->top_k,  sp->top_p,
+                                        sp->min_p,       sp->seed,
+                                        (uint64_t)(r->n_tokens - r->n_prompt)};
+    }
+}
+
 static void step(struct cllm_engine *e)
 {
     struct cllm_scheduler *s = &e->sched;
@@ -164,7 +195,14 @@ static void step(struct cllm_engine *e)
     struct cllm_step st;
     build_step(e, &st);
     const float *logits = NULL;
-    enum cllm_status rc = cllm_model_forward(e->model, &e->kv, &st, &logits);
+    bool device_sampling = cllm_model_samples_on_device(e->model);
+    enum cllm_status rc;
+    if (device_sampling) {
+        build_sample_rows(e);
+        rc = cllm_model_forward_sample(e->model, &e->kv, &st, e->rows, e->sampled, &logits);
+    } else {
+        rc = cllm_model_forward(e->model, &e->kv, &st, &logits);
+    }
     if (rc) {
         char msg[96];
         snprintf(msg, sizeof msg, "the forward pass failed: %s", cllm_status_str(rc));
@@ -186,9 +224,12 @@ static void step(struct cllm_engine *e)
             n_prompt_tokens += prompt_part < done[j].n_new ? prompt_part : done[j].n_new;
         if (!done[j].sample)
             continue;
-        memcpy(e->logits_copy, logits + (int64_t)out++ * e->n_vocab,
-               (size_t)e->n_vocab * sizeof(float));
-        int32_t token = cllm_sampler_sample(r->sampler, e->logits_copy);
+        int32_t i = out++, token = device_sampling ? e->sampled[i] : -1;
+        if (token < 0) {
+            memcpy(e->logits_copy, logits + (int64_t)i * e->n_vocab,
+                   (size_t)e->n_vocab * sizeof(float));
+            token = cllm_sampler_sample(r->sampler, e->logits_copy);
+        }
         if (token < 0 || cllm_request_append(r, token) != CLLM_OK) {
             finish(e, r, CLLM_FINISH_ERROR, "out of memory while sampling");
             continue;
@@ -257,6 +298,33 @@ static int64_t default_kv_bytes(int64_t per_token, int32_t max_seqs, int32_t n_c
     return want > per_token * n_ctx ? want : per_token * n_ctx;
 }
 
+/* On a device that reports its memory: the KV cache takes what the --gpu-mem-fraction share
+ * of the device leaves after the weights, activations and everyone else's use, less a
+ * reserve for the BLAS workspace and recorded steps. 0 when the backend reports nothing. */
+#define DEVICE_RESERVE_BYTES ((int64_t)512 << 20)
+static enum cllm_status device_kv_bytes(struct cllm_engine *e, int64_t *out, char *err,
+                                        size_t err_len)
+{
+    *out = 0;
+    const struct cllm_backend_iface *be = e->be->iface;
+    size_t free_b = 0, total_b = 0;
+    if (!be->mem_info)
+        return CLLM_OK;
+    enum cllm_status st = be->mem_info(e->be, &free_b, &total_b);
+    if (st)
+        return cllm_fail(err, err_len, st, "cannot read the device's free memory");
+    double frac = e->cfg.gpu_mem_fraction > 0.0 ? e->cfg.gpu_mem_fraction : 0.9;
+    int64_t used = (int64_t)total_b - (int64_t)free_b;
+    int64_t budget = (int64_t)((double)total_b * frac) - used - DEVICE_RESERVE_BYTES;
+    if (budget <= 0)
+        return cllm_fail(err, err_len, CLLM_ERR_NOMEM,
+                         "no device memory left for the KV cache: %.0f of %.0f MiB in use, "
+                         "--gpu-mem-fraction %.2f",
+                         (double)used / (1 << 20), (double)total_b / (1 << 20), frac);
+    *out = budget;
+    return CLLM_OK;
+}
+
 /* Frees whatever of the engine exists (after the thread has stopped, or before it started). */
 static void release(struct cllm_engine *e)
 {
@@ -267,6 +335,8 @@ static void release(struct cllm_engine *e)
     cllm_backend_free(e->be);
     free(e->tokens), free(e->pos), free(e->seq), free(e->slot), free(e->outputs), free(e->table);
     free(e->logits_copy);
+    free(e->rows);
+    free(e->sampled);
     free(e->plan_copy);
     pthread_mutex_destroy(&e->lock);
     pthread_cond_destroy(&e->wake);
@@ -296,7 +366,7 @@ enum cllm_status cllm_engine_new(struct cllm_engine **out, const struct cllm_mod
     pthread_mutex_init(&e->lock, NULL);
     pthread_cond_init(&e->wake, NULL);
     enum cllm_status st;
-    struct cllm_backend_options bo = {cfg->backend, cfg->n_threads};
+    struct cllm_backend_options bo = {cfg->backend, cfg->n_threads, cfg->device};
     if ((st = cllm_backend_new(&e->be, &bo, err, err_len)) ||
         (st = cllm_model_init(&e->model, mf, e->be, cfg->max_batch_tokens, cfg->max_seqs, err,
                               err_len)))
@@ -305,8 +375,11 @@ enum cllm_status cllm_engine_new(struct cllm_engine **out, const struct cllm_mod
     e->n_ctx = cfg->n_ctx ? cfg->n_ctx : mf->hp.n_ctx_train;
     if (e->n_ctx > mf->hp.n_ctx_train)
         e->n_ctx = mf->hp.n_ctx_train;
-    int64_t kv_bytes = cfg->kv_bytes ? cfg->kv_bytes
-                                     : default_kv_bytes(per_token, cfg->max_seqs, e->n_ctx);
+    int64_t kv_bytes = cfg->kv_bytes;
+    if (!kv_bytes && (st = device_kv_bytes(e, &kv_bytes, err, err_len)))
+        goto fail;
+    if (!kv_bytes)
+        kv_bytes = default_kv_bytes(per_token, cfg->max_seqs, e->n_ctx);
     int64_t block_bytes = per_token * cfg->block_size;
     /* The default budget rounds up to whole blocks; an explicit --kv-mem is a ceiling. */
     int64_t n_blocks = cfg->kv_bytes ? kv_bytes / block_bytes
@@ -343,8 +416,10 @@ enum cllm_status cllm_engine_new(struct cllm_engine **out, const struct cllm_mod
                                  sizeof(int32_t));
     e->logits_copy = cllm_malloc_array((size_t)e->n_vocab, sizeof(float));
     e->plan_copy = cllm_malloc_array((size_t)cfg->max_seqs, sizeof *e->plan_copy);
+    e->rows = cllm_malloc_array((size_t)cfg->max_seqs, sizeof *e->rows);
+    e->sampled = cllm_malloc_array((size_t)cfg->max_seqs, sizeof *e->sampled);
     if (!e->tokens || !e->pos || !e->seq || !e->slot || !e->outputs || !e->table ||
-        !e->logits_copy || !e->plan_copy) {
+        !e->logits_copy || !e->plan_copy || !e->rows || !e->sampled) {
         st = cllm_fail(err, err_len, CLLM_ERR_NOMEM, "out of memory");
         goto fail;
     }

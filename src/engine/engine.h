@@ -16,9 +16,12 @@
 
 struct cllm_engine_config {
     enum cllm_backend_kind backend;
+    int32_t device;           /* GPU ordinal */
+    double gpu_mem_fraction;  /* GPU: share of device memory to use in all; 0 = 0.9 */
     int32_t n_threads;        /* CPU threads; 0 = physical cores */
     int32_t n_ctx;            /* max tokens per sequence (prompt + generated); 0 = model's */
-    int64_t kv_bytes;         /* KV cache budget in bytes; 0 = enough for max_seqs x 512 tokens, capped */
+    int64_t kv_bytes;         /* KV cache budget in bytes; 0 = GPU: what gpu_mem_fraction leaves;
+                                 CPU: enough for max_seqs x 2048 tokens, capped at 4 GiB */
     int32_t block_size;       /* tokens per KV block; 0 = 16 */
     int32_t max_batch_tokens; /* token budget per step; 0 = 512 */
     int32_t max_seqs;         /* sequences per step; 0 = 256 */

@@ -19,33 +19,51 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/log.h"
 #include "core/status.h"
 
-struct layer {
-    struct cllm_weight attn_norm, wq, wk, wv, bq, bk, bv, wo;
-    struct cllm_weight ffn_norm, w_gate, w_up, w_down;
+/* A projection: one stacked weight when the backend can stack, else its parts. */
+struct proj {
+    struct cllm_weight stacked;  /* used when stacked.host != NULL */
+    struct cllm_weight parts[3]; /* otherwise: parts[0..n) into consecutive column ranges */
+    int n_parts;
 };
+
+struct layer {
+    struct cllm_weight attn_norm, ffn_norm, b_qkv, wo, w_down;
+    struct proj qkv, gate_up;
+};
+
+/* Steps of decode tokens only are padded to one of these sizes and recorded once per size
+ * (graph_begin/graph_end), so that replays see the same shapes and pointers. */
+static const int32_t graph_buckets[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256};
+#define N_GRAPH_BUCKETS (int32_t)(sizeof graph_buckets / sizeof graph_buckets[0])
+#define GRAPH_MIN_LEN 256 /* attention length classes: powers of two from here */
 
 struct cllm_model {
     struct cllm_hparams hp;
     struct cllm_backend *be;
+    size_t act_size;                  /* bytes of one act_dtype element */
     struct cllm_weight tok_embd, output_norm, output;
     bool tied; /* output is tok_embd: do not free it twice */
     struct layer *layers;
     int32_t max_tokens, max_outputs;
-    /* activations (device), sized for max_tokens rows */
-    float *x, *xn, *q, *k, *v, *attn, *gate, *up, *ffo;
-    float *out_x, *out_ffo, *out_n; /* [max_outputs][n_embd] */
-    float *logits_dev;              /* [max_outputs][n_vocab] */
+    /* activations (device), sized for max_tokens rows; F32 unless noted */
+    float *x, *qkv, *gate_up, *ffo;
+    void *xn, *attn, *ff;             /* act_dtype */
+    float *out_x, *out_ffo;           /* [max_outputs][n_embd] */
+    void *out_n;                      /* act_dtype */
+    float *logits_dev;                /* [max_outputs][n_vocab] */
     float *logits_host;
-    int32_t *step_i32; /* device copy of the step's index arrays */
+    struct cllm_sample_row *rows; /* [max_outputs] what the device sampler is given */
+    /* step index arrays: device copy and the host staging of padded steps */
+    int32_t *step_i32;
     size_t step_i32_cap;
+    uint64_t step_i32_gen;            /* bumped when step_i32 moves: old recordings are stale */
+    int32_t *pad_i32;
+    size_t pad_i32_cap;
+    bool graphs_off;                  /* CLLM_NO_GRAPHS, or a recording failed */
 };
-
-static const struct cllm_weight *const_w(const struct cllm_weight *w)
-{
-    return w->host ? w : NULL;
-}
 
 static enum cllm_status load(struct cllm_model *m, const struct cllm_model_files *mf,
                              const char *name, struct cllm_weight *w, bool optional, char *err,
@@ -61,9 +79,51 @@ static enum cllm_status load(struct cllm_model *m, const struct cllm_model_files
     return m->be->iface->weight_init(m->be, t, w, err, err_len);
 }
 
-static enum cllm_status alloc_f32(struct cllm_model *m, float **p, int64_t rows, int64_t cols)
+/* Loads blk.<l>.<names[i]> stacked by rows if the backend can, else as separate parts. With
+ * optional set, all parts missing is fine (no bias) but some missing is not. */
+static enum cllm_status load_stacked(struct cllm_model *m, const struct cllm_model_files *mf,
+                                     int32_t l, const char *const *names, int n,
+                                     struct cllm_weight *stacked, struct cllm_weight *parts,
+                                     int *n_parts, bool optional, char *err, size_t err_len)
 {
-    return m->be->iface->alloc(m->be, (size_t)(rows * cols) * sizeof(float), (void **)p);
+    const struct cllm_tensor *t[3];
+    int found = 0;
+    for (int i = 0; i < n; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.%s", (int)l, names[i]);
+        t[i] = cllm_model_files_tensor(mf, name);
+        found += t[i] != NULL;
+        if (!t[i] && !optional)
+            return cllm_fail(err, err_len, CLLM_ERR_NOT_FOUND, "%s: tensor %s is missing",
+                             mf->path, name);
+    }
+    if (found == 0)
+        return CLLM_OK;
+    if (found != n)
+        return cllm_fail(err, err_len, CLLM_ERR_FORMAT, "%s: layer %d has only some of its %s",
+                         mf->path, (int)l, names[0]);
+    const struct cllm_backend_iface *be = m->be->iface;
+    if (be->weight_init_stacked) {
+        enum cllm_status st = be->weight_init_stacked(m->be, t, n, stacked, err, err_len);
+        if (st != CLLM_ERR_UNSUPPORTED)
+            return st;
+    }
+    if (!parts) /* the caller needs one stacked vector */
+        return cllm_fail(err, err_len, CLLM_ERR_UNSUPPORTED, "the %s backend cannot stack %s",
+                         be->name, names[0]);
+    for (int i = 0; i < n; i++) {
+        enum cllm_status st = be->weight_init(m->be, t[i], &parts[i], err, err_len);
+        if (st)
+            return st;
+        (*n_parts)++;
+    }
+    return CLLM_OK;
+}
+
+static enum cllm_status alloc_rows(struct cllm_model *m, void *p, int64_t rows, int64_t cols,
+                                   size_t elem)
+{
+    return m->be->iface->alloc(m->be, (size_t)(rows * cols) * elem, (void **)p);
 }
 
 enum cllm_status cllm_model_init(struct cllm_model **out, const struct cllm_model_files *mf,
@@ -78,13 +138,20 @@ enum cllm_status cllm_model_init(struct cllm_model **out, const struct cllm_mode
         return cllm_fail(err, err_len, CLLM_ERR_INVALID_ARG,
                          "max_tokens (%d) and max_outputs (%d) must be >= 1, outputs <= tokens",
                          (int)max_tokens, (int)max_outputs);
+    size_t act = cllm_backend_elem_size(be->iface->act_dtype);
+    if (!act || !cllm_backend_elem_size(be->iface->kv_dtype))
+        return cllm_fail(err, err_len, CLLM_ERR_UNSUPPORTED, "backend %s: bad activation type",
+                         be->iface->name);
     struct cllm_model *m = calloc(1, sizeof *m);
     if (!m)
         return CLLM_ERR_NOMEM;
     m->hp = mf->hp;
     m->be = be;
+    m->act_size = act;
     m->max_tokens = max_tokens;
     m->max_outputs = max_outputs;
+    const char *no_graphs = getenv("CLLM_NO_GRAPHS");
+    m->graphs_off = !be->iface->graph_begin || (no_graphs && no_graphs[0] && no_graphs[0] != '0');
     const struct cllm_hparams *hp = &m->hp;
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->layers) {
@@ -99,48 +166,52 @@ enum cllm_status cllm_model_init(struct cllm_model **out, const struct cllm_mode
         m->output = m->tok_embd;
         m->tied = true;
     }
+    static const char *const qkv_w[] = {"attn_q.weight", "attn_k.weight", "attn_v.weight"};
+    static const char *const qkv_b[] = {"attn_q.bias", "attn_k.bias", "attn_v.bias"};
+    static const char *const gu_w[] = {"ffn_gate.weight", "ffn_up.weight"};
     for (int32_t l = 0; l < hp->n_layer; l++) {
         struct layer *L = &m->layers[l];
+        char name[64];
         static const struct {
             const char *name;
             size_t off;
-            bool optional;
-        } names[] = {
-            {"attn_norm.weight", offsetof(struct layer, attn_norm), false},
-            {"attn_q.weight", offsetof(struct layer, wq), false},
-            {"attn_k.weight", offsetof(struct layer, wk), false},
-            {"attn_v.weight", offsetof(struct layer, wv), false},
-            {"attn_q.bias", offsetof(struct layer, bq), true},
-            {"attn_k.bias", offsetof(struct layer, bk), true},
-            {"attn_v.bias", offsetof(struct layer, bv), true},
-            {"attn_output.weight", offsetof(struct layer, wo), false},
-            {"ffn_norm.weight", offsetof(struct layer, ffn_norm), false},
-            {"ffn_gate.weight", offsetof(struct layer, w_gate), false},
-            {"ffn_up.weight", offsetof(struct layer, w_up), false},
-            {"ffn_down.weight", offsetof(struct layer, w_down), false},
+        } single[] = {
+            {"attn_norm.weight", offsetof(struct layer, attn_norm)},
+            {"attn_output.weight", offsetof(struct layer, wo)},
+            {"ffn_norm.weight", offsetof(struct layer, ffn_norm)},
+            {"ffn_down.weight", offsetof(struct layer, w_down)},
         };
-        for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-            char name[64];
-            snprintf(name, sizeof name, "blk.%d.%s", (int)l, names[i].name);
-            if ((st = load(m, mf, name, (struct cllm_weight *)((char *)L + names[i].off),
-                           names[i].optional, err, err_len)))
+        for (size_t i = 0; i < sizeof single / sizeof single[0]; i++) {
+            snprintf(name, sizeof name, "blk.%d.%s", (int)l, single[i].name);
+            if ((st = load(m, mf, name, (struct cllm_weight *)((char *)L + single[i].off), false,
+                           err, err_len)))
                 goto fail;
         }
+        if ((st = load_stacked(m, mf, l, qkv_w, 3, &L->qkv.stacked, L->qkv.parts,
+                               &L->qkv.n_parts, false, err, err_len)) ||
+            (st = load_stacked(m, mf, l, qkv_b, 3, &L->b_qkv, NULL, NULL, true, err, err_len)) ||
+            (st = load_stacked(m, mf, l, gu_w, 2, &L->gate_up.stacked, L->gate_up.parts,
+                               &L->gate_up.n_parts, false, err, err_len)))
+            goto fail;
     }
     int64_t T = max_tokens, O = max_outputs, E = hp->n_embd, F = hp->n_ff;
     int64_t Q = (int64_t)hp->n_head * hp->head_dim, KV = (int64_t)hp->n_head_kv * hp->head_dim;
-    if ((st = alloc_f32(m, &m->x, T, E)) || (st = alloc_f32(m, &m->xn, T, E)) ||
-        (st = alloc_f32(m, &m->q, T, Q)) || (st = alloc_f32(m, &m->k, T, KV)) ||
-        (st = alloc_f32(m, &m->v, T, KV)) || (st = alloc_f32(m, &m->attn, T, Q)) ||
-        (st = alloc_f32(m, &m->gate, T, F)) || (st = alloc_f32(m, &m->up, T, F)) ||
-        (st = alloc_f32(m, &m->ffo, T, E)) || (st = alloc_f32(m, &m->out_x, O, E)) ||
-        (st = alloc_f32(m, &m->out_ffo, O, E)) || (st = alloc_f32(m, &m->out_n, O, E)) ||
-        (st = alloc_f32(m, &m->logits_dev, O, hp->n_vocab))) {
+    const size_t f32 = sizeof(float);
+    if ((st = alloc_rows(m, &m->x, T, E, f32)) || (st = alloc_rows(m, &m->xn, T, E, act)) ||
+        (st = alloc_rows(m, &m->qkv, T, Q + 2 * KV, f32)) ||
+        (st = alloc_rows(m, &m->attn, T, Q, act)) ||
+        (st = alloc_rows(m, &m->gate_up, T, 2 * F, f32)) ||
+        (st = alloc_rows(m, &m->ff, T, F, act)) || (st = alloc_rows(m, &m->ffo, T, E, f32)) ||
+        (st = alloc_rows(m, &m->out_x, O, E, f32)) ||
+        (st = alloc_rows(m, &m->out_ffo, O, E, f32)) ||
+        (st = alloc_rows(m, &m->out_n, O, E, act)) ||
+        (st = alloc_rows(m, &m->logits_dev, O, hp->n_vocab, f32))) {
         cllm_fail(err, err_len, st, "cannot allocate activations for %d tokens", (int)max_tokens);
         goto fail;
     }
     m->logits_host = malloc((size_t)(O * hp->n_vocab) * sizeof(float));
-    if (!m->logits_host) {
+    m->rows = calloc((size_t)O, sizeof *m->rows);
+    if (!m->logits_host || !m->rows) {
         st = cllm_fail(err, err_len, CLLM_ERR_NOMEM, "cannot allocate logits");
         goto fail;
     }
@@ -153,6 +224,13 @@ fail:
     return st;
 }
 
+static void free_proj(struct cllm_backend *be, struct proj *p)
+{
+    be->iface->weight_free(be, &p->stacked);
+    for (int i = 0; i < p->n_parts; i++)
+        be->iface->weight_free(be, &p->parts[i]);
+}
+
 void cllm_model_free(struct cllm_model *m)
 {
     if (!m)
@@ -160,22 +238,27 @@ void cllm_model_free(struct cllm_model *m)
     const struct cllm_backend_iface *be = m->be->iface;
     if (m->layers) {
         for (int32_t l = 0; l < m->hp.n_layer; l++) {
-            struct cllm_weight *w = (struct cllm_weight *)&m->layers[l];
-            for (size_t i = 0; i < sizeof(struct layer) / sizeof(struct cllm_weight); i++)
-                be->weight_free(m->be, &w[i]);
+            struct layer *L = &m->layers[l];
+            struct cllm_weight *single[] = {&L->attn_norm, &L->ffn_norm, &L->b_qkv, &L->wo,
+                                            &L->w_down};
+            for (size_t i = 0; i < sizeof single / sizeof single[0]; i++)
+                be->weight_free(m->be, single[i]);
+            free_proj(m->be, &L->qkv);
+            free_proj(m->be, &L->gate_up);
         }
     }
     if (!m->tied)
         be->weight_free(m->be, &m->output);
     be->weight_free(m->be, &m->tok_embd);
     be->weight_free(m->be, &m->output_norm);
-    float *bufs[] = {m->x,   m->xn,  m->q,     m->k,       m->v,     m->attn,      m->gate,
-                     m->up,  m->ffo, m->out_x, m->out_ffo, m->out_n, m->logits_dev};
+    void *bufs[] = {m->x,       m->xn,    m->qkv,   m->attn,  m->gate_up,
+                    m->ff,      m->ffo,   m->out_x, m->out_ffo, m->out_n,
+                    m->logits_dev, m->step_i32};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             be->dealloc(m->be, bufs[i]);
-    if (m->step_i32)
-        be->dealloc(m->be, m->step_i32);
+    free(m->pad_i32);
+    free(m->rows);
     free(m->logits_host);
     free(m->layers);
     free(m);
@@ -194,7 +277,7 @@ int32_t cllm_model_max_tokens(const struct cllm_model *m)
 uint64_t cllm_model_kv_bytes_per_token(const struct cllm_model *m)
 {
     return (uint64_t)m->hp.n_layer * 2u * (uint64_t)m->hp.n_head_kv * (uint64_t)m->hp.head_dim *
-           sizeof(float);
+           cllm_backend_elem_size(m->be->iface->kv_dtype);
 }
 
 enum cllm_status cllm_kv_cache_init(struct cllm_kv_cache *kv, const struct cllm_model *m,
@@ -213,10 +296,12 @@ enum cllm_status cllm_kv_cache_init(struct cllm_kv_cache *kv, const struct cllm_
     if (!kv->k || !kv->v)
         goto nomem;
     size_t bytes = (size_t)n_blocks * (size_t)block_size * (size_t)m->hp.n_head_kv *
-                   (size_t)m->hp.head_dim * sizeof(float);
+                   (size_t)m->hp.head_dim * cllm_backend_elem_size(m->be->iface->kv_dtype);
+    /* Zeroed: padding rows of recorded steps read slot 0, and must read finite numbers. */
+    const struct cllm_backend_iface *be = m->be->iface;
     for (int32_t l = 0; l < kv->n_layer; l++)
-        if (m->be->iface->alloc(m->be, bytes, (void **)&kv->k[l]) ||
-            m->be->iface->alloc(m->be, bytes, (void **)&kv->v[l]))
+        if (be->alloc(m->be, bytes, &kv->k[l]) || be->alloc(m->be, bytes, &kv->v[l]) ||
+            be->memzero(m->be, kv->k[l], bytes) || be->memzero(m->be, kv->v[l], bytes))
             goto nomem;
     return CLLM_OK;
 nomem:
@@ -262,7 +347,57 @@ static enum cllm_status check_step(const struct cllm_model *m, const struct cllm
     return CLLM_OK;
 }
 
-/* Copies the step's index arrays to the device: [tokens | pos | seq | slot | outputs | table]. */
+/* The bucket a step of decode tokens only (one token per sequence, each an output, in
+ * order) is padded to, or 0: such steps are recorded once per shape and then replayed. */
+static int32_t graph_bucket(const struct cllm_model *m, const struct cllm_step *s)
+{
+    if (m->graphs_off || s->n_outputs != s->n_tokens || s->n_seqs != s->n_tokens)
+        return 0;
+    for (int32_t t = 0; t < s->n_tokens; t++)
+        if (s->outputs[t] != t || s->seq[t] != t)
+            return 0;
+    for (int32_t i = 0; i < N_GRAPH_BUCKETS; i++) {
+        int32_t b = graph_buckets[i];
+        if (b >= s->n_tokens)
+            return b <= m->max_outputs ? b : 0;
+    }
+    return 0;
+}
+
+/* The step padded to `bucket` rows: padding rows read token 0 at position 0 of an all-zero
+ * block table row and write no KV (slot -1); their logits are never looked at. */
+static enum cllm_status pad_step(struct cllm_model *m, const struct cllm_step *s, int32_t bucket,
+                                 struct cllm_step *out)
+{
+    size_t B = (size_t)bucket, tbl = B * (size_t)s->max_blocks, need = 5 * B + tbl;
+    if (need > m->pad_i32_cap) {
+        int32_t *p = realloc(m->pad_i32, need * sizeof *p);
+        if (!p)
+            return CLLM_ERR_NOMEM;
+        m->pad_i32 = p;
+        m->pad_i32_cap = need;
+    }
+    int32_t *tokens = m->pad_i32, *pos = tokens + B, *seq = pos + B, *slot = seq + B;
+    int32_t *outputs = slot + B, *table = outputs + B;
+    size_t n = (size_t)s->n_tokens, real_tbl = n * (size_t)s->max_blocks;
+    memcpy(tokens, s->tokens, n * sizeof *tokens);
+    memcpy(pos, s->pos, n * sizeof *pos);
+    memcpy(slot, s->slot, n * sizeof *slot);
+    memcpy(table, s->block_table, real_tbl * sizeof *table);
+    memset(table + real_tbl, 0, (tbl - real_tbl) * sizeof *table);
+    for (size_t t = 0; t < B; t++) {
+        seq[t] = outputs[t] = (int32_t)t;
+        if (t >= n)
+            tokens[t] = pos[t] = 0, slot[t] = -1;
+    }
+    *out = (struct cllm_step){bucket, tokens, pos, seq, slot, table, bucket, s->max_blocks,
+                              bucket, outputs};
+    return CLLM_OK;
+}
+
+/* Copies the step's index arrays to the device: [tokens | pos | seq | slot | outputs | table].
+ * The buffer only grows, and is sized on first use for the largest step of this table width,
+ * so recorded steps keep seeing the same addresses. */
 static enum cllm_status upload_step(struct cllm_model *m, const struct cllm_step *s,
                                     struct cllm_step *dev)
 {
@@ -270,13 +405,17 @@ static enum cllm_status upload_step(struct cllm_model *m, const struct cllm_step
     size_t need = 4 * n + (size_t)s->n_outputs + tbl;
     const struct cllm_backend_iface *be = m->be->iface;
     if (need > m->step_i32_cap) {
+        size_t T = (size_t)m->max_tokens, cap = 5 * T + T * (size_t)s->max_blocks;
+        if (cap < need)
+            cap = need;
         if (m->step_i32)
             be->dealloc(m->be, m->step_i32);
         m->step_i32 = NULL;
         m->step_i32_cap = 0;
-        if (be->alloc(m->be, need * 2 * sizeof(int32_t), (void **)&m->step_i32))
+        m->step_i32_gen++;
+        if (be->alloc(m->be, cap * sizeof(int32_t), (void **)&m->step_i32))
             return CLLM_ERR_NOMEM;
-        m->step_i32_cap = need * 2;
+        m->step_i32_cap = cap;
     }
     int32_t *d = m->step_i32;
     *dev = *s;
@@ -295,23 +434,32 @@ static enum cllm_status upload_step(struct cllm_model *m, const struct cllm_step
     return CLLM_OK;
 }
 
-enum cllm_status cllm_model_forward(struct cllm_model *m, struct cllm_kv_cache *kv,
-                                    const struct cllm_step *step, const float **logits)
+/* y[t] = the projection of x[t], into consecutive column ranges of y (row stride ldy). */
+static enum cllm_status project(struct cllm_model *m, const struct proj *p, const void *x,
+                                int32_t n, float *y, int32_t ldy)
 {
-    *logits = NULL;
-    enum cllm_status st = check_step(m, kv, step);
-    if (st)
-        return st;
-    struct cllm_step s;
-    if ((st = upload_step(m, step, &s)))
-        return st;
+    const struct cllm_backend_iface *be = m->be->iface;
+    if (p->stacked.host)
+        return be->matmul(m->be, &p->stacked, NULL, x, n, y, ldy);
+    for (int i = 0; i < p->n_parts; i++) {
+        enum cllm_status st = be->matmul(m->be, &p->parts[i], NULL, x, n, y, ldy);
+        if (st)
+            return st;
+        y += p->parts[i].ne[1];
+    }
+    return CLLM_OK;
+}
+
+/* Queues the whole forward pass of a device-side step, up to the logits of its outputs. */
+static enum cllm_status issue_ops(struct cllm_model *m, struct cllm_kv_cache *kv,
+                                  const struct cllm_step *s, const struct cllm_attn_batch *ab)
+{
+    enum cllm_status st;
     struct cllm_backend *b = m->be;
     const struct cllm_backend_iface *be = b->iface;
     const struct cllm_hparams *hp = &m->hp;
-    int32_t n = s.n_tokens, E = hp->n_embd, F = hp->n_ff, hd = hp->head_dim;
-    int32_t Q = hp->n_head * hd, KV = hp->n_head_kv * hd;
-    struct cllm_attn_batch ab = {n, s.pos, s.seq, s.slot, s.block_table, s.max_blocks,
-                                 kv->block_size};
+    int32_t n = s->n_tokens, E = hp->n_embd, F = hp->n_ff, hd = hp->head_dim;
+    int32_t Q = hp->n_head * hd, KV = hp->n_head_kv * hd, QKV = Q + 2 * KV;
     struct cllm_rope rope = {hp->rope_theta, hd};
     float scale = 1.0f / sqrtf((float)hd);
 
@@ -321,39 +469,145 @@ enum cllm_status cllm_model_forward(struct cllm_model *m, struct cllm_kv_cache *
             return st;                                                                             \
     } while (0)
 
-    TRY(be->embed(b, &m->tok_embd, s.tokens, n, m->x));
+    TRY(be->embed(b, &m->tok_embd, s->tokens, n, m->x));
     for (int32_t l = 0; l < hp->n_layer; l++) {
         const struct layer *L = &m->layers[l];
         if (l == 0)
             TRY(be->rmsnorm(b, m->x, &L->attn_norm, hp->rms_eps, n, E, m->xn));
         else /* the previous layer's MLP residual, fused into this norm */
             TRY(be->add_rmsnorm(b, m->x, m->ffo, &L->attn_norm, hp->rms_eps, n, E, m->xn));
-        TRY(be->matmul(b, &L->wq, const_w(&L->bq), m->xn, n, m->q, Q));
-        TRY(be->matmul(b, &L->wk, const_w(&L->bk), m->xn, n, m->k, KV));
-        TRY(be->matmul(b, &L->wv, const_w(&L->bv), m->xn, n, m->v, KV));
-        TRY(be->rope_store_kv(b, &rope, &ab, m->q, m->k, m->v, hp->n_head, hp->n_head_kv,
-                              kv->k[l], kv->v[l]));
-        TRY(be->attention(b, &ab, m->q, kv->k[l], kv->v[l], hp->n_head, hp->n_head_kv, hd,
+        TRY(project(m, &L->qkv, m->xn, n, m->qkv, QKV));
+        TRY(be->qkv_rope_store(b, &rope, ab, m->qkv, QKV, L->b_qkv.host ? &L->b_qkv : NULL,
+                               hp->n_head, hp->n_head_kv, kv->k[l], kv->v[l]));
+        TRY(be->attention(b, ab, m->qkv, QKV, kv->k[l], kv->v[l], hp->n_head, hp->n_head_kv, hd,
                           scale, m->attn));
         TRY(be->matmul(b, &L->wo, NULL, m->attn, n, m->ffo, E));
         TRY(be->add_rmsnorm(b, m->x, m->ffo, &L->ffn_norm, hp->rms_eps, n, E, m->xn));
-        TRY(be->matmul(b, &L->w_gate, NULL, m->xn, n, m->gate, F));
-        TRY(be->matmul(b, &L->w_up, NULL, m->xn, n, m->up, F));
-        TRY(be->silu_mul(b, m->gate, m->up, n, F, m->gate));
-        TRY(be->matmul(b, &L->w_down, NULL, m->gate, n, m->ffo, E));
+        TRY(project(m, &L->gate_up, m->xn, n, m->gate_up, 2 * F));
+        TRY(be->silu_mul(b, m->gate_up, n, F, m->ff));
+        TRY(be->matmul(b, &L->w_down, NULL, m->ff, n, m->ffo, E));
     }
-    if (s.n_outputs > 0) {
+    if (s->n_outputs > 0) {
         /* Only the rows that need logits take the last residual add, norm and LM head. */
-        TRY(be->gather_rows(b, m->x, s.outputs, s.n_outputs, E, m->out_x));
-        TRY(be->gather_rows(b, m->ffo, s.outputs, s.n_outputs, E, m->out_ffo));
-        TRY(be->add_rmsnorm(b, m->out_x, m->out_ffo, &m->output_norm, hp->rms_eps, s.n_outputs,
+        TRY(be->gather_rows(b, m->x, s->outputs, s->n_outputs, E, m->out_x));
+        TRY(be->gather_rows(b, m->ffo, s->outputs, s->n_outputs, E, m->out_ffo));
+        TRY(be->add_rmsnorm(b, m->out_x, m->out_ffo, &m->output_norm, hp->rms_eps, s->n_outputs,
                             E, m->out_n));
-        TRY(be->matmul(b, &m->output, NULL, m->out_n, s.n_outputs, m->logits_dev, hp->n_vocab));
-        TRY(be->download(b, m->logits_host, m->logits_dev,
-                         (size_t)s.n_outputs * (size_t)hp->n_vocab * sizeof(float)));
+        TRY(be->matmul(b, &m->output, NULL, m->out_n, s->n_outputs, m->logits_dev, hp->n_vocab));
     }
-    TRY(be->sync(b));
 #undef TRY
+    return CLLM_OK;
+}
+
+static uint64_t mix64(uint64_t h, uint64_t v)
+{
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h ^= h >> 31;
+    return h * 0xbf58476d1ce4e5b9ull;
+}
+
+/* Runs the ops of a checked step (logits left on the device): recorded and replayed for
+ * padded decode steps, issued one by one otherwise. */
+static enum cllm_status run_step(struct cllm_model *m, struct cllm_kv_cache *kv,
+                                 const struct cllm_step *step)
+{
+    enum cllm_status st;
+    int32_t bucket = graph_bucket(m, step);
+    struct cllm_step padded, s;
+    if (bucket && (st = pad_step(m, step, bucket, &padded)))
+        return st;
+    if ((st = upload_step(m, bucket ? &padded : step, &s)))
+        return st;
+    int32_t max_len = 0;
+    for (int32_t t = 0; t < step->n_tokens; t++)
+        if (step->pos[t] + 1 > max_len)
+            max_len = step->pos[t] + 1;
+    int32_t table_len = s.max_blocks * kv->block_size;
+    if (bucket) {
+        /* A length class, so a recording serves every step whose contexts fit in it. */
+        int32_t cls = GRAPH_MIN_LEN;
+        while (cls < max_len && cls < table_len)
+            cls *= 2;
+        max_len = cls < table_len ? cls : table_len;
+    }
+    struct cllm_attn_batch ab = {s.n_tokens,  s.pos,          s.seq,  s.slot, s.block_table,
+                                 s.max_blocks, kv->block_size, max_len};
+    const struct cllm_backend_iface *be = m->be->iface;
+    if (!bucket)
+        return issue_ops(m, kv, &s, &ab);
+    uint64_t key = mix64(mix64(mix64(mix64((uint64_t)bucket, (uint64_t)max_len),
+                                     m->step_i32_gen),
+                               (uint64_t)(uintptr_t)kv->k[0]),
+                         (uint64_t)s.max_blocks * 65536u + (uint64_t)kv->block_size);
+    bool replayed = false;
+    if ((st = be->graph_begin(m->be, key, &replayed)))
+        return st;
+    if (replayed)
+        return CLLM_OK;
+    st = issue_ops(m, kv, &s, &ab);
+    enum cllm_status end = be->graph_end(m->be, key);
+    if (st == CLLM_OK && end == CLLM_OK)
+        return CLLM_OK;
+    /* Nothing recorded has run: give up on recordings and run this step op by op. */
+    cllm_log(CLLM_LOG_WARN, "model: recording a %d-row step failed (%s); running steps unrecorded",
+             (int)bucket, cllm_status_str(st ? st : end));
+    m->graphs_off = true;
+    return issue_ops(m, kv, &s, &ab);
+}
+
+enum cllm_status cllm_model_forward(struct cllm_model *m, struct cllm_kv_cache *kv,
+                                    const struct cllm_step *step, const float **logits)
+{
+    *logits = NULL;
+    enum cllm_status st = check_step(m, kv, step);
+    if (st || (st = run_step(m, kv, step)))
+        return st;
+    const struct cllm_backend_iface *be = m->be->iface;
+    if (step->n_outputs > 0 &&
+        (st = be->download(m->be, m->logits_host, m->logits_dev,
+                           (size_t)step->n_outputs * (size_t)m->hp.n_vocab * sizeof(float))))
+        return st;
+    if ((st = be->sync(m->be)))
+        return st;
+    *logits = m->logits_host;
+    return CLLM_OK;
+}
+
+bool cllm_model_samples_on_device(const struct cllm_model *m)
+{
+    return m->be->iface->sample != NULL;
+}
+
+enum cllm_status cllm_model_forward_sample(struct cllm_model *m, struct cllm_kv_cache *kv,
+                                           const struct cllm_step *step,
+                                           const struct cllm_sample_row *rows, int32_t *tokens,
+                                           const float **logits)
+{
+    *logits = NULL;
+    const struct cllm_backend_iface *be = m->be->iface;
+    if (!be->sample)
+        return CLLM_ERR_UNSUPPORTED;
+    enum cllm_status st = check_step(m, kv, step);
+    if (st || (st = run_step(m, kv, step)))
+        return st;
+    int32_t n = step->n_outputs, V = m->hp.n_vocab;
+    memcpy(m->rows, rows, (size_t)n * sizeof *rows);
+    for (int32_t i = 0; i < n; i++)
+        if (rows[i].temperature < 0.0f) /* the caller's row: any cheap draw will do */
+            m->rows[i] = (struct cllm_sample_row){0};
+    if (n > 0 && (st = be->sample(m->be, m->logits_dev, n, V, m->rows, tokens)))
+        return st;
+    for (int32_t i = 0; i < n; i++) {
+        if (rows[i].temperature >= 0.0f)
+            continue;
+        tokens[i] = -1;
+        size_t row = (size_t)i * (size_t)V;
+        if ((st = be->download(m->be, m->logits_host + row, m->logits_dev + row,
+                               (size_t)V * sizeof(float))))
+            return st;
+    }
+    if ((st = be->sync(m->be)))
+        return st;
     *logits = m->logits_host;
     return CLLM_OK;
 }

@@ -6,6 +6,7 @@
 #ifndef CLLM_MODEL_MODEL_H
 #define CLLM_MODEL_MODEL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "backend/backend.h"
@@ -13,13 +14,14 @@
 
 struct cllm_model;
 
-/* The KV cache: per layer, [n_blocks * block_size][n_kv_head][head_dim] F32 for K and for V. */
+/* The KV cache: per layer, [n_blocks * block_size][n_kv_head][head_dim] of the backend's
+ * kv_dtype for K and for V. */
 struct cllm_kv_cache {
     int32_t n_layer;
     int32_t n_blocks;
     int32_t block_size;
-    float **k; /* [n_layer] device pointers */
-    float **v;
+    void **k; /* [n_layer] device pointers */
+    void **v;
 };
 
 /* One forward step: n_tokens tokens, each with its position, sequence and cache slot. The
@@ -59,5 +61,17 @@ void cllm_kv_cache_free(struct cllm_kv_cache *kv, const struct cllm_model *m);
  * return CLLM_ERR_INVALID_ARG / CLLM_ERR_RANGE without touching the cache. */
 enum cllm_status cllm_model_forward(struct cllm_model *m, struct cllm_kv_cache *kv,
                                     const struct cllm_step *step, const float **logits);
+
+/* True if the backend samples on the device (cllm_model_forward_sample). */
+bool cllm_model_samples_on_device(const struct cllm_model *m);
+
+/* Runs the step and draws each output's token on the device as rows[i] says, so the logits
+ * stay there: tokens[i] gets output i's token. A row with a negative temperature is the
+ * caller's to sample: its tokens[i] is -1 and its logits are row i of *logits (host; the
+ * other rows of *logits are not filled). Needs cllm_model_samples_on_device. */
+enum cllm_status cllm_model_forward_sample(struct cllm_model *m, struct cllm_kv_cache *kv,
+                                           const struct cllm_step *step,
+                                           const struct cllm_sample_row *rows, int32_t *tokens,
+                                           const float **logits);
 
 #endif

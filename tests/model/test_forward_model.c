@@ -215,7 +215,7 @@ int main(void)
     CHECK(cJSON_GetArraySize(cases) == 5);
 
     struct cllm_backend *be;
-    struct cllm_backend_options o = {CLLM_BACKEND_CPU, 2};
+    struct cllm_backend_options o = {CLLM_BACKEND_CPU, 2, 0};
     if (cllm_backend_new(&be, &o, err, sizeof err)) {
         fprintf(stderr, "%s\n", err);
         return 1;

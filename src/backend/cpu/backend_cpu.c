@@ -103,6 +103,38 @@ static enum cllm_status cpu_weight_init(struct cllm_backend *be, const struct cl
     return CLLM_OK;
 }
 
+/* Vectors only (biases): matrices are used in place from the mapping, and a stacked copy
+ * would cost a pass over them at load for no speed-up on the CPU. */
+static enum cllm_status cpu_weight_init_stacked(struct cllm_backend *be,
+                                                const struct cllm_tensor *const *parts,
+                                                int n_parts, struct cllm_weight *w, char *err,
+                                                size_t err_len)
+{
+    (void)be;
+    memset(w, 0, sizeof *w);
+    int64_t total = 0;
+    for (int i = 0; i < n_parts; i++) {
+        if (parts[i]->n_dims != 1)
+            return CLLM_ERR_UNSUPPORTED;
+        total += parts[i]->ne[0];
+    }
+    float *f = n_parts > 0 ? cllm_malloc_array((size_t)total, sizeof *f) : NULL;
+    if (!f)
+        return n_parts > 0 ? CLLM_ERR_NOMEM : CLLM_ERR_INVALID_ARG;
+    for (int i = 0, at = 0; i < n_parts; at += (int)parts[i]->ne[0], i++)
+        if (!cllm_dequant_row(parts[i]->dtype, parts[i]->data, f + at, parts[i]->ne[0])) {
+            free(f);
+            return cllm_fail(err, err_len, CLLM_ERR_FORMAT, "tensor %s: cannot convert %s",
+                             parts[i]->name, cllm_dtype_name(parts[i]->dtype));
+        }
+    w->host = parts[0];
+    w->data = f;
+    w->dtype = CLLM_DTYPE_F32;
+    w->ne[0] = total;
+    w->ne[1] = 1;
+    return CLLM_OK;
+}
+
 static void cpu_weight_free(struct cllm_backend *be, struct cllm_weight *w)
 {
     (void)be;
@@ -180,7 +212,7 @@ static void norm_task(void *arg, int ith, int nth)
 
 static enum cllm_status cpu_rmsnorm(struct cllm_backend *be, const float *x,
                                     const struct cllm_weight *w, float eps, int32_t n, int32_t dim,
-                                    float *out)
+                                    void *out)
 {
     struct rows_job j = {NULL, x, w->data, eps, n, dim, out};
     run(cpu_of(be), (int64_t)n * dim, norm_task, &j);
@@ -189,17 +221,9 @@ static enum cllm_status cpu_rmsnorm(struct cllm_backend *be, const float *x,
 
 static enum cllm_status cpu_add_rmsnorm(struct cllm_backend *be, float *res, const float *x,
                                         const struct cllm_weight *w, float eps, int32_t n,
-                                        int32_t dim, float *out)
+                                        int32_t dim, void *out)
 {
     struct rows_job j = {res, x, w->data, eps, n, dim, out};
-    run(cpu_of(be), (int64_t)n * dim, norm_task, &j);
-    return CLLM_OK;
-}
-
-static enum cllm_status cpu_add(struct cllm_backend *be, float *res, const float *x, int32_t n,
-                                int32_t dim)
-{
-    struct rows_job j = {res, x, NULL, 0.0f, n, dim, NULL};
     run(cpu_of(be), (int64_t)n * dim, norm_task, &j);
     return CLLM_OK;
 }
@@ -207,7 +231,7 @@ static enum cllm_status cpu_add(struct cllm_backend *be, float *res, const float
 /* --- matmul --- */
 
 static enum cllm_status cpu_matmul(struct cllm_backend *be, const struct cllm_weight *w,
-                                   const struct cllm_weight *bias, const float *x, int32_t n,
+                                   const struct cllm_weight *bias, const void *x, int32_t n,
                                    float *y, int32_t ldy)
 {
     struct cpu *c = cpu_of(be);
@@ -260,8 +284,9 @@ static enum cllm_status rope_table(struct cpu *c, const struct cllm_rope *rope, 
 struct rope_job {
     struct cpu *c;
     const struct cllm_attn_batch *b;
-    float *q, *k;
-    const float *v;
+    float *qkv;
+    int32_t ld;
+    const float *bias; /* [q | k | v] or NULL */
     int32_t n_head, n_kv, head_dim;
     float *k_cache, *v_cache;
 };
@@ -269,27 +294,33 @@ struct rope_job {
 static void rope_task(void *arg, int ith, int nth)
 {
     struct rope_job *j = arg;
-    int32_t hd = j->head_dim, half = hd / 2;
+    int32_t hd = j->head_dim, half = hd / 2, kv = j->n_kv * hd;
+    int32_t width = (j->n_head + 2 * j->n_kv) * hd;
     int64_t s, e;
     cllm_split_rows(j->b->n_tokens, ith, nth, &s, &e);
     for (int64_t t = s; t < e; t++) {
+        float *q = j->qkv + t * j->ld, *k = q + (int64_t)j->n_head * hd, *v = k + kv;
+        if (j->bias)
+            add_rows(q, j->bias, width);
         const float *cs = j->c->rope_cos + (int64_t)j->b->pos[t] * half;
         const float *sn = j->c->rope_sin + (int64_t)j->b->pos[t] * half;
         for (int32_t h = 0; h < j->n_head; h++)
-            cllm_ref_rope_apply(j->q + (t * j->n_head + h) * hd, cs, sn, hd);
-        size_t kv_bytes = (size_t)j->n_kv * (size_t)hd * sizeof(float);
+            cllm_ref_rope_apply(q + (int64_t)h * hd, cs, sn, hd);
         for (int32_t h = 0; h < j->n_kv; h++)
-            cllm_ref_rope_apply(j->k + (t * j->n_kv + h) * hd, cs, sn, hd);
+            cllm_ref_rope_apply(k + (int64_t)h * hd, cs, sn, hd);
         int64_t slot = j->b->slot[t];
-        memcpy(j->k_cache + slot * j->n_kv * hd, j->k + t * j->n_kv * hd, kv_bytes);
-        memcpy(j->v_cache + slot * j->n_kv * hd, j->v + t * j->n_kv * hd, kv_bytes);
+        if (slot < 0)
+            continue; /* a padding row */
+        memcpy(j->k_cache + slot * kv, k, (size_t)kv * sizeof(float));
+        memcpy(j->v_cache + slot * kv, v, (size_t)kv * sizeof(float));
     }
 }
 
-static enum cllm_status cpu_rope_store_kv(struct cllm_backend *be, const struct cllm_rope *rope,
-                                          const struct cllm_attn_batch *b, float *q, float *k,
-                                          const float *v, int32_t n_head, int32_t n_kv,
-                                          float *k_cache, float *v_cache)
+static enum cllm_status cpu_qkv_rope_store(struct cllm_backend *be, const struct cllm_rope *rope,
+                                           const struct cllm_attn_batch *b, float *qkv,
+                                           int32_t ld, const struct cllm_weight *bias,
+                                           int32_t n_head, int32_t n_kv, void *k_cache,
+                                           void *v_cache)
 {
     struct cpu *c = cpu_of(be);
     int32_t max_pos = 0;
@@ -299,10 +330,14 @@ static enum cllm_status cpu_rope_store_kv(struct cllm_backend *be, const struct 
         if (b->pos[t] > max_pos)
             max_pos = b->pos[t];
     }
+    if (ld < (n_head + 2 * n_kv) * rope->head_dim ||
+        (bias && bias->ne[0] != (int64_t)(n_head + 2 * n_kv) * rope->head_dim))
+        return CLLM_ERR_INVALID_ARG;
     enum cllm_status st = rope_table(c, rope, max_pos);
     if (st)
         return st;
-    struct rope_job j = {c, b, q, k, v, n_head, n_kv, rope->head_dim, k_cache, v_cache};
+    struct rope_job j = {c,      b,    qkv,           ld, bias ? bias->data : NULL, n_head,
+                         n_kv,   rope->head_dim, k_cache, v_cache};
     run(c, (int64_t)b->n_tokens * (n_head + n_kv) * rope->head_dim, rope_task, &j);
     return CLLM_OK;
 }
@@ -312,7 +347,7 @@ static enum cllm_status cpu_rope_store_kv(struct cllm_backend *be, const struct 
 struct attn_job {
     const struct cllm_attn_batch *b;
     const float *q, *k_cache, *v_cache;
-    int32_t n_head, n_kv, head_dim;
+    int32_t ldq, n_head, n_kv, head_dim;
     float scale;
     float *out;
     atomic_long next; /* next (token, kv head) item to take */
@@ -341,7 +376,7 @@ attend_group(const struct attn_job *j, int32_t t, int32_t kvh)
     float *o[MAX_GROUP];
     for (int32_t g = 0; g < group; g++) {
         int32_t h = kvh * group + g;
-        q[g] = j->q + ((int64_t)t * j->n_head + h) * hd;
+        q[g] = j->q + (int64_t)t * j->ldq + (int64_t)h * hd;
         o[g] = j->out + ((int64_t)t * j->n_head + h) * hd;
         memset(o[g], 0, (size_t)hd * sizeof(float));
         m[g] = -INFINITY;
@@ -423,13 +458,13 @@ static void attn_task(void *arg, int ith, int nth)
 }
 
 static enum cllm_status cpu_attention(struct cllm_backend *be, const struct cllm_attn_batch *b,
-                                      const float *q, const float *k_cache, const float *v_cache,
-                                      int32_t n_head, int32_t n_kv, int32_t head_dim, float scale,
-                                      float *out)
+                                      const float *q, int32_t ldq, const void *k_cache,
+                                      const void *v_cache, int32_t n_head, int32_t n_kv,
+                                      int32_t head_dim, float scale, void *out)
 {
-    if (n_kv <= 0 || n_head % n_kv != 0 || n_head / n_kv > MAX_GROUP)
+    if (n_kv <= 0 || n_head % n_kv != 0 || n_head / n_kv > MAX_GROUP || ldq < n_head * head_dim)
         return CLLM_ERR_INVALID_ARG;
-    struct attn_job j = {b, q, k_cache, v_cache, n_head, n_kv, head_dim, scale, out, 0};
+    struct attn_job j = {b, q, k_cache, v_cache, ldq, n_head, n_kv, head_dim, scale, out, 0};
     /* Work grows with context length, so always split unless there is only one item. */
     cllm_threadpool_run((int64_t)b->n_tokens * n_kv > 1 ? cpu_of(be)->tp : NULL, attn_task, &j);
     return CLLM_OK;
@@ -437,25 +472,28 @@ static enum cllm_status cpu_attention(struct cllm_backend *be, const struct cllm
 
 /* --- silu_mul, gather --- */
 
-struct ew_job {
-    const float *a, *b;
-    int64_t n;
+struct silu_job {
+    const float *gate_up;
+    int32_t n, dim;
     float *out;
 };
 
 static void silu_task(void *arg, int ith, int nth)
 {
-    struct ew_job *j = arg;
+    struct silu_job *j = arg;
     int64_t s, e;
     cllm_split_rows(j->n, ith, nth, &s, &e);
-    cllm_ref_silu_mul(j->a + s, j->b + s, e - s, j->out + s);
+    for (int64_t r = s; r < e; r++) {
+        const float *gate = j->gate_up + r * 2 * j->dim;
+        cllm_ref_silu_mul(gate, gate + j->dim, j->dim, j->out + r * j->dim);
+    }
 }
 
-static enum cllm_status cpu_silu_mul(struct cllm_backend *be, const float *gate, const float *up,
-                                     int32_t n, int32_t dim, float *out)
+static enum cllm_status cpu_silu_mul(struct cllm_backend *be, const float *gate_up, int32_t n,
+                                     int32_t dim, void *out)
 {
-    struct ew_job j = {gate, up, (int64_t)n * dim, out};
-    run(cpu_of(be), j.n, silu_task, &j);
+    struct silu_job j = {gate_up, n, dim, out};
+    run(cpu_of(be), (int64_t)n * dim, silu_task, &j);
     return CLLM_OK;
 }
 
@@ -468,6 +506,14 @@ static enum cllm_status cpu_gather_rows(struct cllm_backend *be, const float *x,
     return CLLM_OK;
 }
 
+static enum cllm_status cpu_memzero(struct cllm_backend *be, void *dst, size_t n)
+{
+    (void)be;
+    if (n)
+        memset(dst, 0, n);
+    return CLLM_OK;
+}
+
 static enum cllm_status cpu_sync(struct cllm_backend *be)
 {
     (void)be;
@@ -476,19 +522,22 @@ static enum cllm_status cpu_sync(struct cllm_backend *be)
 
 static const struct cllm_backend_iface cpu_iface = {
     .name = "cpu",
+    .act_dtype = CLLM_DTYPE_F32,
+    .kv_dtype = CLLM_DTYPE_F32,
     .free = cpu_free,
     .alloc = cpu_alloc,
     .dealloc = cpu_dealloc,
     .upload = cpu_copy,
     .download = cpu_copy,
+    .memzero = cpu_memzero,
     .weight_init = cpu_weight_init,
+    .weight_init_stacked = cpu_weight_init_stacked,
     .weight_free = cpu_weight_free,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
     .add_rmsnorm = cpu_add_rmsnorm,
-    .add = cpu_add,
     .matmul = cpu_matmul,
-    .rope_store_kv = cpu_rope_store_kv,
+    .qkv_rope_store = cpu_qkv_rope_store,
     .attention = cpu_attention,
     .silu_mul = cpu_silu_mul,
     .gather_rows = cpu_gather_rows,
