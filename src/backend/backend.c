@@ -2,6 +2,9 @@
 #include "backend/backend.h"
 
 #include "backend/cpu/backend_cpu.h"
+#ifdef CLLM_USE_CUDA
+#include "backend/cuda/backend_cuda.h"
+#endif
 #include "core/status.h"
 
 enum cllm_status cllm_backend_new(struct cllm_backend **out, const struct cllm_backend_options *o,
@@ -13,7 +16,7 @@ enum cllm_status cllm_backend_new(struct cllm_backend **out, const struct cllm_b
         return cllm_backend_cpu_new(out, o->n_threads, err, err_len);
     case CLLM_BACKEND_CUDA:
 #ifdef CLLM_USE_CUDA
-        return cllm_backend_cuda_new(out, err, err_len);
+        return cllm_backend_cuda_new(out, o->device, err, err_len);
 #else
         return cllm_fail(err, err_len, CLLM_ERR_UNSUPPORTED,
                          "this cllm was built without CUDA (configure with -DCLLM_CUDA=ON)");

@@ -26,12 +26,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "cllm.h"
-#include "tensor/tensor.h"
-
+/* C declarations, also when CUDA C++ (src/backend/cuda) includes them. */
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+#include "cllm.h"
+#include "tensor/tensor.h"
 
 struct cllm_backend;
 
@@ -125,11 +126,15 @@ struct cllm_backend_iface {
                                        int32_t n_kv, void *k_cache, void *v_cache);
     /* Causal attention of each token over its sequence's positions 0..pos (paged cache).
      * q rows [n][ldq] F32 hold [n_head][hd] -> out [n][n_head][hd] act_dtype; grouped-query:
-     * head h reads kv head h / (n_head / n_kv). scale multiplies q.k. */
+     * head h reads kv head h / (n_head / n_kv). scale multiplies q.k. scratch holds
+     * attention_scratch(n, n_head, hd) bytes (device). */
     enum cllm_status (*attention)(struct cllm_backend *be, const struct cllm_attn_batch *b,
                                   const float *q, int32_t ldq, const void *k_cache,
                                   const void *v_cache, int32_t n_head, int32_t n_kv,
-                                  int32_t head_dim, float scale, void *out);
+                                  int32_t head_dim, float scale, void *scratch, void *out);
+    /* Scratch bytes attention needs for up to n_tokens tokens (0: none). */
+    size_t (*attention_scratch)(struct cllm_backend *be, int32_t n_tokens, int32_t n_head,
+                                int32_t head_dim);
     /* gate_up is [n][2 * dim] F32 (gate, then up); out [n][dim] act_dtype = silu(gate) * up. */
     enum cllm_status (*silu_mul)(struct cllm_backend *be, const float *gate_up, int32_t n,
                                  int32_t dim, void *out);

@@ -130,11 +130,18 @@ static void drop_cancelled(struct cllm_engine *e)
     }
 }
 
-/* Lays the plan out as a model step. */
+/* Lays the plan out as a model step. The block table is only as wide as the longest
+ * sequence needs, rounded up to a power of two (so that recorded decode steps see few
+ * widths): a step uploads kilobytes of table, not max_seqs x the whole context. */
 static void build_step(struct cllm_engine *e, struct cllm_step *st)
 {
     const struct cllm_plan *p = &e->sched.plan;
-    int32_t n = 0, n_out = 0;
+    int32_t n = 0, n_out = 0, width = 16;
+    for (int32_t j = 0; j < p->n_entries; j++)
+        while (width < p->entries[j].req->n_blocks)
+            width *= 2;
+    if (width > e->max_blocks_per_seq)
+        width = e->max_blocks_per_seq;
     for (int32_t j = 0; j < p->n_entries; j++) {
         const struct cllm_sched_entry *en = &p->entries[j];
         const struct cllm_request *r = en->req;
@@ -147,13 +154,13 @@ static void build_step(struct cllm_engine *e, struct cllm_step *st)
         }
         if (en->sample)
             e->outputs[n_out++] = n - 1;
-        int32_t *row = e->table + (int64_t)j * e->max_blocks_per_seq;
+        int32_t *row = e->table + (int64_t)j * width;
         memcpy(row, r->blocks, (size_t)r->n_blocks * sizeof *row);
-        for (int32_t b = r->n_blocks; b < e->max_blocks_per_seq; b++)
+        for (int32_t b = r->n_blocks; b < width; b++)
             row[b] = 0; /* never read: positions stop inside the table */
     }
-    *st = (struct cllm_step){n,          e->tokens, e->pos, e->seq,   e->slot,
-                             e->table,   p->n_entries, e->max_blocks_per_seq, n_out, e->outputs};
+    *st = (struct cllm_step){n,        e->tokens,    e->pos, e->seq, e->slot,
+                             e->table, p->n_entries, width,  n_out,  e->outputs};
 }
 
 /* Penalties need the request's token history, which only the host sampler keeps. */

@@ -54,6 +54,7 @@ struct cllm_model {
     float *out_x, *out_ffo;           /* [max_outputs][n_embd] */
     void *out_n;                      /* act_dtype */
     float *logits_dev;                /* [max_outputs][n_vocab] */
+    void *attn_scratch;               /* the backend's attention workspace, or NULL */
     float *logits_host;
     struct cllm_sample_row *rows; /* [max_outputs] what the device sampler is given */
     /* step index arrays: device copy and the host staging of padded steps */
@@ -209,6 +210,11 @@ enum cllm_status cllm_model_init(struct cllm_model **out, const struct cllm_mode
         cllm_fail(err, err_len, st, "cannot allocate activations for %d tokens", (int)max_tokens);
         goto fail;
     }
+    size_t scratch = be->iface->attention_scratch(be, max_tokens, hp->n_head, hp->head_dim);
+    if (scratch && (st = be->iface->alloc(be, scratch, &m->attn_scratch))) {
+        cllm_fail(err, err_len, st, "cannot allocate activations for %d tokens", (int)max_tokens);
+        goto fail;
+    }
     m->logits_host = malloc((size_t)(O * hp->n_vocab) * sizeof(float));
     m->rows = calloc((size_t)O, sizeof *m->rows);
     if (!m->logits_host || !m->rows) {
@@ -253,7 +259,7 @@ void cllm_model_free(struct cllm_model *m)
     be->weight_free(m->be, &m->output_norm);
     void *bufs[] = {m->x,       m->xn,    m->qkv,   m->attn,  m->gate_up,
                     m->ff,      m->ffo,   m->out_x, m->out_ffo, m->out_n,
-                    m->logits_dev, m->step_i32};
+                    m->logits_dev, m->step_i32, m->attn_scratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             be->dealloc(m->be, bufs[i]);
@@ -396,8 +402,8 @@ static enum cllm_status pad_step(struct cllm_model *m, const struct cllm_step *s
 }
 
 /* Copies the step's index arrays to the device: [tokens | pos | seq | slot | outputs | table].
- * The buffer only grows, and is sized on first use for the largest step of this table width,
- * so recorded steps keep seeing the same addresses. */
+ * The buffer only grows, and is sized on first use for tables up to 2048 blocks wide, so
+ * recorded steps keep seeing the same addresses. */
 static enum cllm_status upload_step(struct cllm_model *m, const struct cllm_step *s,
                                     struct cllm_step *dev)
 {
@@ -405,7 +411,9 @@ static enum cllm_status upload_step(struct cllm_model *m, const struct cllm_step
     size_t need = 4 * n + (size_t)s->n_outputs + tbl;
     const struct cllm_backend_iface *be = m->be->iface;
     if (need > m->step_i32_cap) {
-        size_t T = (size_t)m->max_tokens, cap = 5 * T + T * (size_t)s->max_blocks;
+        /* Room for tables up to 2048 blocks wide (32k tokens of 16), whatever this step's. */
+        size_t T = (size_t)m->max_tokens, w = s->max_blocks > 2048 ? (size_t)s->max_blocks : 2048;
+        size_t cap = 5 * T + T * w;
         if (cap < need)
             cap = need;
         if (m->step_i32)
@@ -480,7 +488,7 @@ static enum cllm_status issue_ops(struct cllm_model *m, struct cllm_kv_cache *kv
         TRY(be->qkv_rope_store(b, &rope, ab, m->qkv, QKV, L->b_qkv.host ? &L->b_qkv : NULL,
                                hp->n_head, hp->n_head_kv, kv->k[l], kv->v[l]));
         TRY(be->attention(b, ab, m->qkv, QKV, kv->k[l], kv->v[l], hp->n_head, hp->n_head_kv, hd,
-                          scale, m->attn));
+                          scale, m->attn_scratch, m->attn));
         TRY(be->matmul(b, &L->wo, NULL, m->attn, n, m->ffo, E));
         TRY(be->add_rmsnorm(b, m->x, m->ffo, &L->ffn_norm, hp->rms_eps, n, E, m->xn));
         TRY(project(m, &L->gate_up, m->xn, n, m->gate_up, 2 * F));

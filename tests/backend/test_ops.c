@@ -176,13 +176,13 @@ static void test_attention(struct cllm_backend *be, int32_t n_head, int32_t n_kv
     for (int32_t t = 0; t < n; t++)
         memcpy(q_dense + (int64_t)t * Q, qkv + (int64_t)t * ld, (size_t)Q * 4);
     float scale = 1.0f / sqrtf((float)hd);
-    CHECK(be->iface->attention(be, &b, qkv, ld, kc, vc, n_head, n_kv, hd, scale, out) == CLLM_OK);
+    CHECK(be->iface->attention(be, &b, qkv, ld, kc, vc, n_head, n_kv, hd, scale, NULL, out) == CLLM_OK);
     cllm_ref_attention(&b, q_dense, kc, vc, n_head, n_kv, hd, scale, ref);
     double err = max_abs_diff(out, ref, qn);
     CHECKF(err < 1e-5, "attention differs from the reference by %g", err);
-    CHECK(be->iface->attention(be, &b, qkv, ld, kc, vc, n_head, 5, hd, scale, out) ==
+    CHECK(be->iface->attention(be, &b, qkv, ld, kc, vc, n_head, 5, hd, scale, NULL, out) ==
           CLLM_ERR_INVALID_ARG);
-    CHECK(be->iface->attention(be, &b, qkv, ld, kc, vc, n_head, n_kv, hd, scale, out) == CLLM_OK);
+    CHECK(be->iface->attention(be, &b, qkv, ld, kc, vc, n_head, n_kv, hd, scale, NULL, out) == CLLM_OK);
     *out_attn = out;
     *out_kc = kc;
     free(qkv), free(bias_v), free(qkv_ref), free(q_dense), free(vc), free(kc_ref), free(vc_ref),

@@ -113,13 +113,23 @@ int cllm_gen_opts_parse(struct cllm_gen_opts *g, int code, const char *arg)
         break;
     case OPT_NO_PREFIX_CACHE: g->engine.prefix_cache = false; break;
     case OPT_DEVICE:
-        if (strcmp(arg, "cpu") == 0)
+        if (strcmp(arg, "cpu") == 0) {
             g->engine.backend = CLLM_BACKEND_CPU;
-        else if (strcmp(arg, "cuda") == 0)
+        } else if (strcmp(arg, "cuda") == 0) {
             g->engine.backend = CLLM_BACKEND_CUDA;
-        else
+        } else if (strncmp(arg, "cuda:", 5) == 0 && parse_long(arg + 5, 0, 1023, &v)) {
+            g->engine.backend = CLLM_BACKEND_CUDA;
+            g->engine.device = (int32_t)v;
+        } else {
             ok = false;
+        }
         break;
+    case OPT_GPU_MEM_FRACTION: {
+        float f = 0.0f;
+        ok = parse_float(arg, &f) && f > 0.0f && f <= 1.0f;
+        g->engine.gpu_mem_fraction = f;
+        break;
+    }
     default: return 0;
     }
     if (!ok) {

@@ -18,7 +18,7 @@
 enum {
     OPT_MAX_TOKENS = 1000, OPT_TEMPERATURE, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_REP_PENALTY,
     OPT_PRESENCE, OPT_FREQUENCY, OPT_SEED, OPT_STOP, OPT_THREADS, OPT_CTX, OPT_KV_MEM,
-    OPT_BATCH_TOKENS, OPT_MAX_SEQS, OPT_NO_PREFIX_CACHE, OPT_DEVICE,
+    OPT_BATCH_TOKENS, OPT_MAX_SEQS, OPT_NO_PREFIX_CACHE, OPT_DEVICE, OPT_GPU_MEM_FRACTION,
 };
 
 #define CLLM_GEN_LONG_OPTIONS                                                                      \
@@ -35,7 +35,8 @@ enum {
         {"batch-tokens", required_argument, 0, OPT_BATCH_TOKENS},                                  \
         {"max-seqs", required_argument, 0, OPT_MAX_SEQS},                                          \
         {"no-prefix-cache", no_argument, 0, OPT_NO_PREFIX_CACHE},                                  \
-        {"device", required_argument, 0, OPT_DEVICE}
+        {"device", required_argument, 0, OPT_DEVICE},                                              \
+        {"gpu-mem-fraction", required_argument, 0, OPT_GPU_MEM_FRACTION}
 
 #define CLLM_GEN_USAGE                                                                             \
     "  --max-tokens N          tokens to generate at most\n"                                       \
@@ -46,7 +47,10 @@ enum {
     "  --threads N             CPU threads (default: physical cores)\n"                            \
     "  --ctx N                 context window in tokens (default: the model's)\n"                  \
     "  --kv-mem BYTES          KV cache budget, e.g. 2G or 512M\n"                                 \
-    "  --batch-tokens N  --max-seqs N  --no-prefix-cache  --device cpu|cuda\n"
+    "  --batch-tokens N  --max-seqs N  --no-prefix-cache\n"                                      \
+    "  --device cpu|cuda|cuda:N    where the model runs (default: cpu)\n"                         \
+    "  --gpu-mem-fraction F    share of GPU memory cllm may use in all (default 0.9): the KV\n"   \
+    "                          cache gets what the weights leave of it\n"
 
 /* What the flags said; "set" bits record which sampling values were given explicitly. */
 struct cllm_gen_opts {

@@ -460,8 +460,10 @@ static void attn_task(void *arg, int ith, int nth)
 static enum cllm_status cpu_attention(struct cllm_backend *be, const struct cllm_attn_batch *b,
                                       const float *q, int32_t ldq, const void *k_cache,
                                       const void *v_cache, int32_t n_head, int32_t n_kv,
-                                      int32_t head_dim, float scale, void *out)
+                                      int32_t head_dim, float scale, void *scratch,
+                                      void *out)
 {
+    (void)scratch;
     if (n_kv <= 0 || n_head % n_kv != 0 || n_head / n_kv > MAX_GROUP || ldq < n_head * head_dim)
         return CLLM_ERR_INVALID_ARG;
     struct attn_job j = {b, q, k_cache, v_cache, ldq, n_head, n_kv, head_dim, scale, out, 0};
@@ -506,6 +508,13 @@ static enum cllm_status cpu_gather_rows(struct cllm_backend *be, const float *x,
     return CLLM_OK;
 }
 
+static size_t cpu_attention_scratch(struct cllm_backend *be, int32_t n_tokens, int32_t n_head,
+                                    int32_t head_dim)
+{
+    (void)be, (void)n_tokens, (void)n_head, (void)head_dim;
+    return 0;
+}
+
 static enum cllm_status cpu_memzero(struct cllm_backend *be, void *dst, size_t n)
 {
     (void)be;
@@ -539,6 +548,7 @@ static const struct cllm_backend_iface cpu_iface = {
     .matmul = cpu_matmul,
     .qkv_rope_store = cpu_qkv_rope_store,
     .attention = cpu_attention,
+    .attention_scratch = cpu_attention_scratch,
     .silu_mul = cpu_silu_mul,
     .gather_rows = cpu_gather_rows,
     .sync = cpu_sync,

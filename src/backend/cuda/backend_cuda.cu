@@ -1,0 +1,622 @@
+/*
+ * CUDA implementation of backend.h, on one GPU and one stream.
+ *
+ * Weights: every matrix is stored as BF16 (BF16 sources are copied as they are; F16, F32 and
+ * quantized GGUF types are widened on the host and rounded to BF16 once, at load), vectors
+ * (norms, biases) as F32. Activations that feed a GEMM are BF16 (act_dtype), the residual
+ * stream and GEMM outputs F32, the KV cache BF16.
+ *
+ * GEMMs go to cuBLAS (BF16 inputs, F32 accumulate and output); the other ops are our kernels
+ * (kernels.cu, attention.cu, sample.cu). Every op only queues work on the stream, so a whole
+ * decode step can be recorded once into a CUDA graph and replayed (graph_begin/graph_end).
+ *
+ * Errors: every CUDA and cuBLAS call is checked; a failure is logged with the call that made
+ * it and becomes CLLM_ERR_DEVICE (CLLM_ERR_NOMEM when memory ran out), never an abort.
+ */
+#include "backend/cuda/vendor.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/backend_cuda.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/sample.h"
+
+extern "C" {
+#include "core/f16.h"
+#include "core/log.h"
+#include "core/status.h"
+#include "tensor/dtype.h"
+}
+
+#define BLAS_WORKSPACE_BYTES ((size_t)32 << 20)
+#define STAGING_BYTES ((size_t)16 << 20) /* pinned buffer weights are converted through */
+#define MAX_GRAPHS 256
+
+struct graph_entry {
+    uint64_t key;
+    cudaGraphExec_t exec;
+};
+
+struct cuda {
+    struct cllm_backend be;
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    void *blas_workspace;
+    void *staging; /* pinned, STAGING_BYTES */
+    /* device sampling */
+    struct cllm_sample_row *rows_dev;
+    int32_t *tokens_dev, *tokens_host; /* tokens_host is pinned */
+    int32_t sample_cap;
+    void *sample_scratch;
+    size_t sample_scratch_size;
+    /* RoPE frequencies of the last (theta, head_dim) asked for */
+    struct cllm_cuda_rope_freqs freqs;
+    float freqs_theta;
+    int32_t freqs_head_dim;
+    /* recorded steps */
+    struct graph_entry graphs[MAX_GRAPHS];
+    int n_graphs;
+    bool capturing;
+};
+
+static struct cuda *cuda_of(struct cllm_backend *be)
+{
+    return (struct cuda *)be->ctx;
+}
+
+/* Turns a CUDA result into a status, logging what failed. */
+static enum cllm_status check_cuda(cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess)
+        return CLLM_OK;
+    cllm_log(CLLM_LOG_ERROR, "cuda: %s failed: %s", what, cudaGetErrorString(e));
+    return e == cudaErrorMemoryAllocation ? CLLM_ERR_NOMEM : CLLM_ERR_DEVICE;
+}
+
+static enum cllm_status check_blas(cublasStatus_t s, const char *what)
+{
+    if (s == CUBLAS_STATUS_SUCCESS)
+        return CLLM_OK;
+    cllm_log(CLLM_LOG_ERROR, "cuda: %s failed: %s", what, cublasGetStatusString(s));
+    return s == CUBLAS_STATUS_ALLOC_FAILED ? CLLM_ERR_NOMEM : CLLM_ERR_DEVICE;
+}
+
+/* The engine thread is not the thread that opened the device: make it current first. */
+static enum cllm_status use_device(struct cuda *c)
+{
+    return check_cuda(cudaSetDevice(c->device), "cudaSetDevice");
+}
+
+#define TRY(call)                                                                                  \
+    do {                                                                                           \
+        enum cllm_status st_ = (call);                                                             \
+        if (st_)                                                                                   \
+            return st_;                                                                            \
+    } while (0)
+
+/* --- memory --- */
+
+static enum cllm_status cu_alloc(struct cllm_backend *be, size_t bytes, void **out)
+{
+    *out = NULL;
+    TRY(use_device(cuda_of(be)));
+    return check_cuda(cudaMalloc(out, bytes ? bytes : 256), "cudaMalloc");
+}
+
+static void cu_dealloc(struct cllm_backend *be, void *p)
+{
+    (void)be;
+    if (p)
+        cudaFree(p);
+}
+
+static enum cllm_status cu_upload(struct cllm_backend *be, void *dst, const void *src, size_t n)
+{
+    struct cuda *c = cuda_of(be);
+    if (!n)
+        return CLLM_OK;
+    TRY(use_device(c));
+    return check_cuda(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c->stream),
+                      "upload");
+}
+
+static enum cllm_status cu_download(struct cllm_backend *be, void *dst, const void *src, size_t n)
+{
+    struct cuda *c = cuda_of(be);
+    if (!n)
+        return CLLM_OK;
+    TRY(use_device(c));
+    return check_cuda(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, c->stream),
+                      "download");
+}
+
+static enum cllm_status cu_memzero(struct cllm_backend *be, void *dst, size_t n)
+{
+    struct cuda *c = cuda_of(be);
+    if (!n)
+        return CLLM_OK;
+    TRY(use_device(c));
+    return check_cuda(cudaMemsetAsync(dst, 0, n, c->stream), "cudaMemsetAsync");
+}
+
+static enum cllm_status cu_mem_info(struct cllm_backend *be, size_t *free_bytes,
+                                    size_t *total_bytes)
+{
+    TRY(use_device(cuda_of(be)));
+    return check_cuda(cudaMemGetInfo(free_bytes, total_bytes), "cudaMemGetInfo");
+}
+
+/* --- weights --- */
+
+/* Copies rows [0, rows) of t, as BF16, to dst (device). */
+static enum cllm_status upload_bf16_rows(struct cuda *c, const struct cllm_tensor *t,
+                                         __nv_bfloat16 *dst, char *err, size_t err_len)
+{
+    int64_t cols = t->ne[0], rows = cllm_tensor_nrows(t);
+    if (t->dtype == CLLM_DTYPE_BF16) /* the file's bytes are the device's */
+        return check_cuda(cudaMemcpy(dst, t->data, (size_t)(cols * rows) * 2,
+                                     cudaMemcpyHostToDevice),
+                          "weight upload");
+    uint64_t row_bytes;
+    if (!cllm_dtype_row_bytes(t->dtype, cols, &row_bytes))
+        return cllm_fail(err, err_len, CLLM_ERR_FORMAT, "tensor %s: bad row of %s", t->name,
+                         cllm_dtype_name(t->dtype));
+    float *row = (float *)malloc((size_t)cols * sizeof(float));
+    if (!row)
+        return CLLM_ERR_NOMEM;
+    size_t per_chunk = STAGING_BYTES / ((size_t)cols * 2);
+    uint16_t *stage = (uint16_t *)c->staging;
+    enum cllm_status st = per_chunk ? CLLM_OK
+                                    : cllm_fail(err, err_len, CLLM_ERR_UNSUPPORTED,
+                                                "tensor %s: rows of %lld are too long", t->name,
+                                                (long long)cols);
+    for (int64_t r0 = 0; st == CLLM_OK && r0 < rows; r0 += (int64_t)per_chunk) {
+        int64_t n = rows - r0 < (int64_t)per_chunk ? rows - r0 : (int64_t)per_chunk;
+        for (int64_t r = 0; r < n; r++) {
+            if (!cllm_dequant_row(t->dtype, (const char *)t->data + (uint64_t)(r0 + r) * row_bytes,
+                                  row, cols)) {
+                st = cllm_fail(err, err_len, CLLM_ERR_FORMAT, "tensor %s: cannot convert %s",
+                               t->name, cllm_dtype_name(t->dtype));
+                break;
+            }
+            for (int64_t i = 0; i < cols; i++)
+                stage[r * cols + i] = cllm_f32_to_bf16(row[i]);
+        }
+        if (st == CLLM_OK)
+            st = check_cuda(cudaMemcpy(dst + r0 * cols, stage, (size_t)(n * cols) * 2,
+                                       cudaMemcpyHostToDevice),
+                            "weight upload");
+    }
+    free(row);
+    return st;
+}
+
+/* Copies a vector, as F32, to dst (device). */
+static enum cllm_status upload_f32_vector(const struct cllm_tensor *t, float *dst, char *err,
+                                          size_t err_len)
+{
+    float *f = (float *)malloc((size_t)t->ne[0] * sizeof(float));
+    if (!f)
+        return CLLM_ERR_NOMEM;
+    enum cllm_status st = CLLM_OK;
+    if (!cllm_dequant_row(t->dtype, t->data, f, t->ne[0]))
+        st = cllm_fail(err, err_len, CLLM_ERR_FORMAT, "tensor %s: cannot convert %s", t->name,
+                       cllm_dtype_name(t->dtype));
+    else
+        st = check_cuda(cudaMemcpy(dst, f, (size_t)t->ne[0] * sizeof(float),
+                                   cudaMemcpyHostToDevice),
+                        "vector upload");
+    free(f);
+    return st;
+}
+
+static enum cllm_status cu_weight_init_stacked(struct cllm_backend *be,
+                                               const struct cllm_tensor *const *parts,
+                                               int n_parts, struct cllm_weight *w, char *err,
+                                               size_t err_len)
+{
+    struct cuda *c = cuda_of(be);
+    memset(w, 0, sizeof *w);
+    if (n_parts < 1)
+        return CLLM_ERR_INVALID_ARG;
+    TRY(use_device(c));
+    int dims = parts[0]->n_dims;
+    int64_t cols = parts[0]->ne[0], rows = 0;
+    for (int i = 0; i < n_parts; i++) {
+        const struct cllm_tensor *t = parts[i];
+        if (t->n_dims > 2 || t->n_dims != dims || (dims == 2 && t->ne[0] != cols))
+            return cllm_fail(err, err_len, CLLM_ERR_UNSUPPORTED,
+                             "tensor %s: cannot stack it with %s", t->name, parts[0]->name);
+        rows += dims == 2 ? t->ne[1] : t->ne[0];
+    }
+    void *data = NULL;
+    size_t bytes = dims == 2 ? (size_t)(rows * cols) * 2 : (size_t)rows * sizeof(float);
+    TRY(check_cuda(cudaMalloc(&data, bytes ? bytes : 256), "cudaMalloc (weights)"));
+    enum cllm_status st = CLLM_OK;
+    for (int i = 0, at = 0; st == CLLM_OK && i < n_parts; i++) {
+        const struct cllm_tensor *t = parts[i];
+        if (dims == 2) {
+            st = upload_bf16_rows(c, t, (__nv_bfloat16 *)data + (int64_t)at * cols, err, err_len);
+            at += (int)t->ne[1];
+        } else {
+            st = upload_f32_vector(t, (float *)data + at, err, err_len);
+            at += (int)t->ne[0];
+        }
+    }
+    if (st) {
+        cudaFree(data);
+        return st;
+    }
+    w->host = parts[0];
+    w->data = data;
+    w->dtype = dims == 2 ? CLLM_DTYPE_BF16 : CLLM_DTYPE_F32;
+    w->ne[0] = dims == 2 ? cols : rows;
+    w->ne[1] = dims == 2 ? rows : 1;
+    return CLLM_OK;
+}
+
+static enum cllm_status cu_weight_init(struct cllm_backend *be, const struct cllm_tensor *t,
+                                       struct cllm_weight *w, char *err, size_t err_len)
+{
+    return cu_weight_init_stacked(be, &t, 1, w, err, err_len);
+}
+
+static void cu_weight_free(struct cllm_backend *be, struct cllm_weight *w)
+{
+    (void)be;
+    if (w->data)
+        cudaFree((void *)w->data);
+    memset(w, 0, sizeof *w);
+}
+
+/* --- ops --- */
+
+static enum cllm_status launched(cudaError_t e, const char *what)
+{
+    return check_cuda(e, what);
+}
+
+static enum cllm_status cu_embed(struct cllm_backend *be, const struct cllm_weight *embd,
+                                 const int32_t *tokens, int32_t n, float *out)
+{
+    struct cuda *c = cuda_of(be);
+    if (embd->dtype != CLLM_DTYPE_BF16)
+        return CLLM_ERR_INVALID_ARG;
+    return launched(cllm_cuda_embed((const __nv_bfloat16 *)embd->data, embd->ne[1],
+                                    (int32_t)embd->ne[0], tokens, n, out, c->stream),
+                    "embed");
+}
+
+static enum cllm_status cu_rmsnorm(struct cllm_backend *be, const float *x,
+                                   const struct cllm_weight *w, float eps, int32_t n, int32_t dim,
+                                   void *out)
+{
+    struct cuda *c = cuda_of(be);
+    return launched(cllm_cuda_rmsnorm(NULL, x, (const float *)w->data, eps, n, dim,
+                                      (__nv_bfloat16 *)out, c->stream),
+                    "rmsnorm");
+}
+
+static enum cllm_status cu_add_rmsnorm(struct cllm_backend *be, float *res, const float *x,
+                                       const struct cllm_weight *w, float eps, int32_t n,
+                                       int32_t dim, void *out)
+{
+    struct cuda *c = cuda_of(be);
+    return launched(cllm_cuda_rmsnorm(res, x, (const float *)w->data, eps, n, dim,
+                                      (__nv_bfloat16 *)out, c->stream),
+                    "add_rmsnorm");
+}
+
+static enum cllm_status cu_matmul(struct cllm_backend *be, const struct cllm_weight *w,
+                                  const struct cllm_weight *bias, const void *x, int32_t n,
+                                  float *y, int32_t ldy)
+{
+    struct cuda *c = cuda_of(be);
+    if (w->dtype != CLLM_DTYPE_BF16 || w->ne[0] > INT32_MAX || w->ne[1] > INT32_MAX ||
+        ldy < w->ne[1])
+        return CLLM_ERR_INVALID_ARG;
+    if (n <= 0)
+        return CLLM_OK;
+    int K = (int)w->ne[0], N = (int)w->ne[1];
+    const float alpha = 1.0f, beta = 0.0f;
+    /* Column-major view: Y^T [N x n] = W [K x N]^T * X^T [K x n]. */
+    TRY(check_blas(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &alpha, w->data,
+                                CUDA_R_16BF, K, x, CUDA_R_16BF, K, &beta, y, CUDA_R_32F, ldy,
+                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   "cublasGemmEx"));
+    if (!bias)
+        return CLLM_OK;
+    return launched(cllm_cuda_add_bias(y, ldy, (const float *)bias->data, n, N, c->stream),
+                    "add_bias");
+}
+
+static struct cllm_cuda_batch batch_of(const struct cllm_attn_batch *b)
+{
+    struct cllm_cuda_batch d = {b->n_tokens,   b->pos,        b->seq,    b->slot,
+                                b->block_table, b->max_blocks, b->block_size, b->max_len};
+    return d;
+}
+
+static enum cllm_status cu_qkv_rope_store(struct cllm_backend *be, const struct cllm_rope *rope,
+                                          const struct cllm_attn_batch *b, float *qkv, int32_t ld,
+                                          const struct cllm_weight *bias, int32_t n_head,
+                                          int32_t n_kv, void *k_cache, void *v_cache)
+{
+    struct cuda *c = cuda_of(be);
+    int32_t hd = rope->head_dim, half = hd / 2;
+    if (hd <= 0 || hd % 2 || half > CLLM_CUDA_MAX_HALF_DIM || ld < (n_head + 2 * n_kv) * hd ||
+        (bias && bias->ne[0] != (int64_t)(n_head + 2 * n_kv) * hd))
+        return CLLM_ERR_INVALID_ARG;
+    if (c->freqs_theta != rope->theta || c->freqs_head_dim != hd) {
+        /* exactly cpu/ref.c's frequencies: the host's powf, once per (theta, head_dim) */
+        for (int32_t i = 0; i < half; i++)
+            c->freqs.inv_freq[i] = 1.0f / powf(rope->theta, (float)(2 * i) / (float)hd);
+        c->freqs_theta = rope->theta;
+        c->freqs_head_dim = hd;
+    }
+    struct cllm_cuda_batch d = batch_of(b);
+    return launched(cllm_cuda_qkv_rope_store(&d, &c->freqs, qkv, ld,
+                                             bias ? (const float *)bias->data : NULL, n_head,
+                                             n_kv, hd, (__nv_bfloat16 *)k_cache,
+                                             (__nv_bfloat16 *)v_cache, c->stream),
+                    "qkv_rope_store");
+}
+
+static enum cllm_status cu_attention(struct cllm_backend *be, const struct cllm_attn_batch *b,
+                                     const float *q, int32_t ldq, const void *k_cache,
+                                     const void *v_cache, int32_t n_head, int32_t n_kv,
+                                     int32_t head_dim, float scale, void *scratch, void *out)
+{
+    struct cuda *c = cuda_of(be);
+    if (!cllm_cuda_attention_supported(n_head, n_kv, head_dim) || ldq < n_head * head_dim)
+        return CLLM_ERR_INVALID_ARG;
+    struct cllm_cuda_batch d = batch_of(b);
+    return launched(cllm_cuda_attention(&d, q, ldq, (const __nv_bfloat16 *)k_cache,
+                                        (const __nv_bfloat16 *)v_cache, n_head, n_kv, head_dim,
+                                        scale, scratch, (__nv_bfloat16 *)out, c->stream),
+                    "attention");
+}
+
+static size_t cu_attention_scratch(struct cllm_backend *be, int32_t n_tokens, int32_t n_head,
+                                   int32_t head_dim)
+{
+    (void)be;
+    return cllm_cuda_attention_scratch(n_tokens, n_head, head_dim);
+}
+
+static enum cllm_status cu_silu_mul(struct cllm_backend *be, const float *gate_up, int32_t n,
+                                    int32_t dim, void *out)
+{
+    struct cuda *c = cuda_of(be);
+    return launched(cllm_cuda_silu_mul(gate_up, n, dim, (__nv_bfloat16 *)out, c->stream),
+                    "silu_mul");
+}
+
+static enum cllm_status cu_gather_rows(struct cllm_backend *be, const float *x,
+                                       const int32_t *idx, int32_t n_idx, int32_t dim, float *out)
+{
+    struct cuda *c = cuda_of(be);
+    return launched(cllm_cuda_gather_rows(x, idx, n_idx, dim, out, c->stream), "gather_rows");
+}
+
+/* --- sampling --- */
+
+static enum cllm_status sample_buffers(struct cuda *c, int32_t n, int32_t n_vocab)
+{
+    if (n > c->sample_cap) {
+        cudaFree(c->rows_dev);
+        cudaFree(c->tokens_dev);
+        cudaFreeHost(c->tokens_host);
+        c->rows_dev = NULL, c->tokens_dev = NULL, c->tokens_host = NULL, c->sample_cap = 0;
+        TRY(check_cuda(cudaMalloc((void **)&c->rows_dev, (size_t)n * sizeof *c->rows_dev),
+                       "cudaMalloc (sampling)"));
+        TRY(check_cuda(cudaMalloc((void **)&c->tokens_dev, (size_t)n * sizeof(int32_t)),
+                       "cudaMalloc (sampling)"));
+        TRY(check_cuda(cudaMallocHost((void **)&c->tokens_host, (size_t)n * sizeof(int32_t)),
+                       "cudaMallocHost (sampling)"));
+        c->sample_cap = n;
+    }
+    size_t need = cllm_cuda_sample_scratch_bytes(n, n_vocab);
+    if (need > c->sample_scratch_size) {
+        cudaFree(c->sample_scratch);
+        c->sample_scratch = NULL;
+        c->sample_scratch_size = 0;
+        TRY(check_cuda(cudaMalloc(&c->sample_scratch, need), "cudaMalloc (sampling)"));
+        c->sample_scratch_size = need;
+    }
+    return CLLM_OK;
+}
+
+static enum cllm_status cu_sample(struct cllm_backend *be, const float *logits, int32_t n,
+                                  int32_t n_vocab, const struct cllm_sample_row *rows,
+                                  int32_t *tokens)
+{
+    struct cuda *c = cuda_of(be);
+    if (n <= 0)
+        return CLLM_OK;
+    if (c->capturing || n_vocab <= 0)
+        return CLLM_ERR_INVALID_ARG;
+    TRY(use_device(c));
+    TRY(sample_buffers(c, n, n_vocab));
+    TRY(check_cuda(cudaMemcpyAsync(c->rows_dev, rows, (size_t)n * sizeof *rows,
+                                   cudaMemcpyHostToDevice, c->stream),
+                   "upload (sampling rows)"));
+    TRY(launched(cllm_cuda_sample(logits, n, n_vocab, c->rows_dev, c->tokens_dev,
+                                  c->sample_scratch, c->sample_scratch_size, c->stream),
+                 "sample"));
+    TRY(check_cuda(cudaMemcpyAsync(c->tokens_host, c->tokens_dev, (size_t)n * sizeof(int32_t),
+                                   cudaMemcpyDeviceToHost, c->stream),
+                   "download (tokens)"));
+    TRY(check_cuda(cudaStreamSynchronize(c->stream), "sample"));
+    memcpy(tokens, c->tokens_host, (size_t)n * sizeof(int32_t));
+    for (int32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= n_vocab) {
+            cllm_log(CLLM_LOG_ERROR, "cuda: the sampler returned token %d of %d",
+                     (int)tokens[i], (int)n_vocab);
+            return CLLM_ERR_DEVICE;
+        }
+    return CLLM_OK;
+}
+
+/* --- recorded steps --- */
+
+static void drop_graphs(struct cuda *c)
+{
+    for (int i = 0; i < c->n_graphs; i++)
+        cudaGraphExecDestroy(c->graphs[i].exec);
+    c->n_graphs = 0;
+}
+
+static enum cllm_status cu_graph_begin(struct cllm_backend *be, uint64_t key, bool *replayed)
+{
+    struct cuda *c = cuda_of(be);
+    *replayed = false;
+    if (c->capturing)
+        return CLLM_ERR_INVALID_ARG;
+    TRY(use_device(c));
+    for (int i = 0; i < c->n_graphs; i++)
+        if (c->graphs[i].key == key) {
+            TRY(check_cuda(cudaGraphLaunch(c->graphs[i].exec, c->stream), "cudaGraphLaunch"));
+            *replayed = true;
+            return CLLM_OK;
+        }
+    if (c->n_graphs == MAX_GRAPHS)
+        drop_graphs(c); /* shapes seen long ago get recorded again when they come back */
+    TRY(check_cuda(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal),
+                   "cudaStreamBeginCapture"));
+    c->capturing = true;
+    return CLLM_OK;
+}
+
+static enum cllm_status cu_graph_end(struct cllm_backend *be, uint64_t key)
+{
+    struct cuda *c = cuda_of(be);
+    if (!c->capturing)
+        return CLLM_ERR_INVALID_ARG;
+    c->capturing = false;
+    cudaGraph_t graph = NULL;
+    TRY(check_cuda(cudaStreamEndCapture(c->stream, &graph), "cudaStreamEndCapture"));
+    cudaGraphExec_t exec = NULL;
+    enum cllm_status st = check_cuda(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+    cudaGraphDestroy(graph);
+    if (st)
+        return st;
+    c->graphs[c->n_graphs].key = key;
+    c->graphs[c->n_graphs].exec = exec;
+    c->n_graphs++;
+    return check_cuda(cudaGraphLaunch(exec, c->stream), "cudaGraphLaunch");
+}
+
+static enum cllm_status cu_sync(struct cllm_backend *be)
+{
+    struct cuda *c = cuda_of(be);
+    TRY(use_device(c));
+    return check_cuda(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize");
+}
+
+/* --- lifetime --- */
+
+static void cu_free(struct cllm_backend *be)
+{
+    struct cuda *c = cuda_of(be);
+    cudaSetDevice(c->device);
+    if (c->stream)
+        cudaStreamSynchronize(c->stream);
+    drop_graphs(c);
+    if (c->blas)
+        cublasDestroy(c->blas);
+    cudaFree(c->blas_workspace);
+    cudaFreeHost(c->staging);
+    cudaFree(c->rows_dev);
+    cudaFree(c->tokens_dev);
+    cudaFreeHost(c->tokens_host);
+    cudaFree(c->sample_scratch);
+    if (c->stream)
+        cudaStreamDestroy(c->stream);
+    free(c);
+}
+
+static const struct cllm_backend_iface cuda_iface = {
+    /* .name = */ "cuda",
+    /* .act_dtype = */ CLLM_DTYPE_BF16,
+    /* .kv_dtype = */ CLLM_DTYPE_BF16,
+    /* .free = */ cu_free,
+    /* .alloc = */ cu_alloc,
+    /* .dealloc = */ cu_dealloc,
+    /* .upload = */ cu_upload,
+    /* .download = */ cu_download,
+    /* .memzero = */ cu_memzero,
+    /* .mem_info = */ cu_mem_info,
+    /* .weight_init = */ cu_weight_init,
+    /* .weight_init_stacked = */ cu_weight_init_stacked,
+    /* .weight_free = */ cu_weight_free,
+    /* .embed = */ cu_embed,
+    /* .rmsnorm = */ cu_rmsnorm,
+    /* .add_rmsnorm = */ cu_add_rmsnorm,
+    /* .matmul = */ cu_matmul,
+    /* .qkv_rope_store = */ cu_qkv_rope_store,
+    /* .attention = */ cu_attention,
+    /* .attention_scratch = */ cu_attention_scratch,
+    /* .silu_mul = */ cu_silu_mul,
+    /* .gather_rows = */ cu_gather_rows,
+    /* .sample = */ cu_sample,
+    /* .graph_begin = */ cu_graph_begin,
+    /* .graph_end = */ cu_graph_end,
+    /* .sync = */ cu_sync,
+};
+
+extern "C" enum cllm_status cllm_backend_cuda_new(struct cllm_backend **out, int32_t device,
+                                                  char *err, size_t err_len)
+{
+    *out = NULL;
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0)
+        return cllm_fail(err, err_len, CLLM_ERR_DEVICE, "no CUDA device: %s",
+                         e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+    if (device < 0 || device >= count)
+        return cllm_fail(err, err_len, CLLM_ERR_INVALID_ARG,
+                         "CUDA device %d does not exist (%d found)", (int)device, count);
+    struct cuda *c = (struct cuda *)calloc(1, sizeof *c);
+    if (!c)
+        return cllm_fail(err, err_len, CLLM_ERR_NOMEM, "out of memory");
+    c->device = device;
+    c->be.iface = &cuda_iface;
+    c->be.ctx = c;
+    const char *step = "cudaSetDevice";
+    e = cudaSetDevice(device);
+    if (e == cudaSuccess)
+        step = "cudaStreamCreate", e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess)
+        step = "cudaMalloc (BLAS workspace)", e = cudaMalloc(&c->blas_workspace, BLAS_WORKSPACE_BYTES);
+    if (e == cudaSuccess)
+        step = "cudaMallocHost (staging)", e = cudaMallocHost(&c->staging, STAGING_BYTES);
+    if (e != cudaSuccess) {
+        cllm_fail(err, err_len, CLLM_ERR_DEVICE, "CUDA device %d: %s failed: %s", (int)device, step,
+                  cudaGetErrorString(e));
+        cu_free(&c->be);
+        return CLLM_ERR_DEVICE;
+    }
+    /* A fixed workspace: cuBLAS must not allocate while a step is being recorded. */
+    cublasStatus_t s = cublasCreate(&c->blas);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasSetStream(c->blas, c->stream);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasSetWorkspace(c->blas, c->blas_workspace, BLAS_WORKSPACE_BYTES);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        cllm_fail(err, err_len, CLLM_ERR_DEVICE, "CUDA device %d: cuBLAS: %s", (int)device,
+                  cublasGetStatusString(s));
+        cu_free(&c->be);
+        return CLLM_ERR_DEVICE;
+    }
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, device) == cudaSuccess)
+        cllm_log(CLLM_LOG_INFO, "cuda: device %d: %s, %d SMs, %.1f GiB, compute %d.%d", (int)device,
+                 prop.name, prop.multiProcessorCount, (double)prop.totalGlobalMem / (1 << 30),
+                 prop.major, prop.minor);
+    *out = &c->be;
+    return CLLM_OK;
+}

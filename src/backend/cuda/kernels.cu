@@ -1,0 +1,220 @@
+/*
+ * The elementwise and per-row kernels of the CUDA backend. Each mirrors its scalar twin in
+ * cpu/ref.c operation for operation (F32 arithmetic in the same order, no contraction into
+ * FMA where the CPU has none), so the only differences from the CPU backend are the BF16
+ * roundings of what the backend stores as BF16 (act buffers, the KV cache) and the order of
+ * the sums inside reductions.
+ */
+#include "backend/cuda/vendor.h"
+
+#include "backend/cuda/kernels.h"
+
+#define BLOCK 256
+
+static unsigned grid_for(int64_t n)
+{
+    int64_t g = (n + BLOCK - 1) / BLOCK;
+    return (unsigned)(g < 65535 * 16 ? g : 65535 * 16); /* grid-stride loops cover the rest */
+}
+
+/* Sum over the block; every thread gets the result. blockDim.x must be a multiple of 32. */
+static __device__ float block_sum(float v)
+{
+    __shared__ float warp_sums[32];
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+    if (lane == 0)
+        warp_sums[warp] = v;
+    __syncthreads();
+    v = lane < n_warps ? warp_sums[lane] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads(); /* warp_sums may be reused by the next call */
+    return v;
+}
+
+/* --- embed --- */
+
+static __global__ void embed_kernel(const __nv_bfloat16 *table, int32_t dim, const int32_t *tokens,
+                                    float *out)
+{
+    const __nv_bfloat16 *row = table + (int64_t)tokens[blockIdx.x] * dim;
+    float *o = out + (int64_t)blockIdx.x * dim;
+    for (int32_t d = threadIdx.x; d < dim; d += blockDim.x)
+        o[d] = __bfloat162float(row[d]);
+}
+
+cudaError_t cllm_cuda_embed(const __nv_bfloat16 *table, int64_t n_rows, int32_t dim,
+                            const int32_t *tokens, int32_t n, float *out, cudaStream_t stream)
+{
+    (void)n_rows; /* ids are checked on the host before a step is queued */
+    if (n <= 0)
+        return cudaSuccess;
+    embed_kernel<<<n, BLOCK, 0, stream>>>(table, dim, tokens, out);
+    return cudaGetLastError();
+}
+
+/* --- rmsnorm, add_rmsnorm --- */
+
+static __global__ void rmsnorm_kernel(float *res, const float *x, const float *w, float eps,
+                                      int32_t dim, __nv_bfloat16 *out)
+{
+    int64_t base = (int64_t)blockIdx.x * dim;
+    const float *xr = x + base;
+    float *rr = res ? res + base : NULL;
+    float sum = 0.0f;
+    for (int32_t d = threadIdx.x; d < dim; d += blockDim.x) {
+        float v = xr[d];
+        if (rr) {
+            v = __fadd_rn(rr[d], v);
+            rr[d] = v;
+        }
+        sum = __fmaf_rn(v, v, sum);
+    }
+    sum = block_sum(sum);
+    float scale = 1.0f / sqrtf(sum / (float)dim + eps);
+    const float *src = rr ? rr : xr; /* each thread re-reads only what it wrote */
+    __nv_bfloat16 *o = out + base;
+    for (int32_t d = threadIdx.x; d < dim; d += blockDim.x)
+        o[d] = __float2bfloat16_rn(__fmul_rn(w[d], __fmul_rn(src[d], scale)));
+}
+
+cudaError_t cllm_cuda_rmsnorm(float *res, const float *x, const float *w, float eps, int32_t n,
+                              int32_t dim, __nv_bfloat16 *out, cudaStream_t stream)
+{
+    if (n <= 0)
+        return cudaSuccess;
+    rmsnorm_kernel<<<n, BLOCK, 0, stream>>>(res, x, w, eps, dim, out);
+    return cudaGetLastError();
+}
+
+/* --- bias --- */
+
+static __global__ void add_bias_kernel(float *y, int32_t ldy, const float *bias, int64_t total,
+                                       int32_t N)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t t = i / N;
+        int32_t c = (int32_t)(i % N);
+        y[t * ldy + c] = __fadd_rn(y[t * ldy + c], bias[c]);
+    }
+}
+
+cudaError_t cllm_cuda_add_bias(float *y, int32_t ldy, const float *bias, int32_t n, int32_t N,
+                               cudaStream_t stream)
+{
+    int64_t total = (int64_t)n * N;
+    if (total <= 0)
+        return cudaSuccess;
+    add_bias_kernel<<<grid_for(total), BLOCK, 0, stream>>>(y, ldy, bias, total, N);
+    return cudaGetLastError();
+}
+
+/* --- bias + RoPE + KV store --- */
+
+/* One block per token: cos/sin of the token's position once, in double from the F32 angle as
+ * cpu/ref.c has them, then every q and k head rotated and k, v written to the token's slot. */
+static __global__ void qkv_rope_store_kernel(struct cllm_cuda_batch b,
+                                             struct cllm_cuda_rope_freqs freqs, float *qkv,
+                                             int32_t ld, const float *bias, int32_t n_head,
+                                             int32_t n_kv, int32_t hd, __nv_bfloat16 *k_cache,
+                                             __nv_bfloat16 *v_cache)
+{
+    __shared__ float cos_s[CLLM_CUDA_MAX_HALF_DIM], sin_s[CLLM_CUDA_MAX_HALF_DIM];
+    int32_t t = blockIdx.x, half = hd / 2, pos = b.pos[t], slot = b.slot[t];
+    for (int32_t i = threadIdx.x; i < half; i += blockDim.x) {
+        float angle = __fmul_rn((float)pos, freqs.inv_freq[i]);
+        double s, c;
+        sincos((double)angle, &s, &c);
+        cos_s[i] = (float)c;
+        sin_s[i] = (float)s;
+    }
+    __syncthreads();
+    float *row = qkv + (int64_t)t * ld;
+    int32_t n_rot = (n_head + n_kv) * half, kv = n_kv * hd;
+    for (int32_t idx = threadIdx.x; idx < n_rot; idx += blockDim.x) {
+        int32_t h = idx / half, i = idx % half, j = h * hd + i;
+        float x1 = row[j], x2 = row[j + half];
+        if (bias) {
+            x1 = __fadd_rn(x1, bias[j]);
+            x2 = __fadd_rn(x2, bias[j + half]);
+        }
+        float c = cos_s[i], s = sin_s[i];
+        float y1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+        float y2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+        row[j] = y1;
+        row[j + half] = y2;
+        if (h >= n_head && slot >= 0) {
+            __nv_bfloat16 *k = k_cache + (int64_t)slot * kv + (int64_t)(h - n_head) * hd;
+            k[i] = __float2bfloat16_rn(y1);
+            k[i + half] = __float2bfloat16_rn(y2);
+        }
+    }
+    if (slot < 0)
+        return; /* a padding row */
+    const float *v = row + (int64_t)(n_head + n_kv) * hd;
+    const float *bv = bias ? bias + (int64_t)(n_head + n_kv) * hd : NULL;
+    __nv_bfloat16 *vc = v_cache + (int64_t)slot * kv;
+    for (int32_t i = threadIdx.x; i < kv; i += blockDim.x)
+        vc[i] = __float2bfloat16_rn(bv ? __fadd_rn(v[i], bv[i]) : v[i]);
+}
+
+cudaError_t cllm_cuda_qkv_rope_store(const struct cllm_cuda_batch *b,
+                                     const struct cllm_cuda_rope_freqs *freqs, float *qkv,
+                                     int32_t ld, const float *bias, int32_t n_head, int32_t n_kv,
+                                     int32_t head_dim, __nv_bfloat16 *k_cache,
+                                     __nv_bfloat16 *v_cache, cudaStream_t stream)
+{
+    if (b->n_tokens <= 0)
+        return cudaSuccess;
+    if (head_dim % 2 || head_dim / 2 > CLLM_CUDA_MAX_HALF_DIM)
+        return cudaErrorInvalidValue;
+    qkv_rope_store_kernel<<<b->n_tokens, BLOCK, 0, stream>>>(*b, *freqs, qkv, ld, bias, n_head,
+                                                             n_kv, head_dim, k_cache, v_cache);
+    return cudaGetLastError();
+}
+
+/* --- silu_mul, gather --- */
+
+static __global__ void silu_mul_kernel(const float *gate_up, int64_t total, int32_t dim,
+                                       __nv_bfloat16 *out)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t t = i / dim;
+        int32_t c = (int32_t)(i % dim);
+        float g = gate_up[t * 2 * dim + c], u = gate_up[t * 2 * dim + dim + c];
+        /* cpu/ref.c: gate / (1 + exp(-gate)) * up */
+        out[i] = __float2bfloat16_rn(__fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u));
+    }
+}
+
+cudaError_t cllm_cuda_silu_mul(const float *gate_up, int32_t n, int32_t dim, __nv_bfloat16 *out,
+                               cudaStream_t stream)
+{
+    int64_t total = (int64_t)n * dim;
+    if (total <= 0)
+        return cudaSuccess;
+    silu_mul_kernel<<<grid_for(total), BLOCK, 0, stream>>>(gate_up, total, dim, out);
+    return cudaGetLastError();
+}
+
+static __global__ void gather_rows_kernel(const float *x, const int32_t *idx, int32_t dim,
+                                          float *out)
+{
+    const float *src = x + (int64_t)idx[blockIdx.x] * dim;
+    float *dst = out + (int64_t)blockIdx.x * dim;
+    for (int32_t d = threadIdx.x; d < dim; d += blockDim.x)
+        dst[d] = src[d];
+}
+
+cudaError_t cllm_cuda_gather_rows(const float *x, const int32_t *idx, int32_t n_idx, int32_t dim,
+                                  float *out, cudaStream_t stream)
+{
+    if (n_idx <= 0)
+        return cudaSuccess;
+    gather_rows_kernel<<<n_idx, BLOCK, 0, stream>>>(x, idx, dim, out);
+    return cudaGetLastError();
+}

@@ -1,0 +1,64 @@
+/*
+ * Launchers of the CUDA kernels (kernels.cu, attention.cu), called by backend_cuda.cu. Each
+ * queues its work on `stream` and returns the launch error; none synchronises, allocates or
+ * copies to the host, so every one of them can be recorded into a CUDA graph.
+ *
+ * Types: "act" buffers are __nv_bfloat16, the residual stream and projections F32, the KV
+ * cache __nv_bfloat16 [slots][n_kv][head_dim] (see backend.h).
+ */
+#ifndef CLLM_BACKEND_CUDA_KERNELS_H
+#define CLLM_BACKEND_CUDA_KERNELS_H
+
+#include "backend/cuda/vendor.h"
+
+#include <stdint.h>
+
+/* Largest head_dim / 2 the RoPE kernel takes its frequencies for (by value). */
+#define CLLM_CUDA_MAX_HALF_DIM 128
+
+struct cllm_cuda_rope_freqs {
+    float inv_freq[CLLM_CUDA_MAX_HALF_DIM]; /* computed on the host exactly as cpu/ref.c does */
+};
+
+/* Where the tokens of a step sit (device arrays), as in struct cllm_attn_batch. */
+struct cllm_cuda_batch {
+    int32_t n_tokens;
+    const int32_t *pos, *seq, *slot, *block_table;
+    int32_t max_blocks, block_size, max_len;
+};
+
+cudaError_t cllm_cuda_embed(const __nv_bfloat16 *table, int64_t n_rows, int32_t dim,
+                            const int32_t *tokens, int32_t n, float *out, cudaStream_t stream);
+
+/* res (if non-NULL) += x; out = bf16(rmsnorm(res or x) * w). */
+cudaError_t cllm_cuda_rmsnorm(float *res, const float *x, const float *w, float eps, int32_t n,
+                              int32_t dim, __nv_bfloat16 *out, cudaStream_t stream);
+
+/* y[t][0..N) += bias, rows of stride ldy. */
+cudaError_t cllm_cuda_add_bias(float *y, int32_t ldy, const float *bias, int32_t n, int32_t N,
+                               cudaStream_t stream);
+
+cudaError_t cllm_cuda_qkv_rope_store(const struct cllm_cuda_batch *b,
+                                     const struct cllm_cuda_rope_freqs *freqs, float *qkv,
+                                     int32_t ld, const float *bias, int32_t n_head, int32_t n_kv,
+                                     int32_t head_dim, __nv_bfloat16 *k_cache,
+                                     __nv_bfloat16 *v_cache, cudaStream_t stream);
+
+cudaError_t cllm_cuda_silu_mul(const float *gate_up, int32_t n, int32_t dim, __nv_bfloat16 *out,
+                               cudaStream_t stream);
+
+cudaError_t cllm_cuda_gather_rows(const float *x, const int32_t *idx, int32_t n_idx, int32_t dim,
+                                  float *out, cudaStream_t stream);
+
+/* Scratch bytes cllm_cuda_attention needs for n_tokens tokens. */
+size_t cllm_cuda_attention_scratch(int32_t n_tokens, int32_t n_head, int32_t head_dim);
+
+/* Is (n_head, n_kv, head_dim) a shape the attention kernel handles? */
+int cllm_cuda_attention_supported(int32_t n_head, int32_t n_kv, int32_t head_dim);
+
+cudaError_t cllm_cuda_attention(const struct cllm_cuda_batch *b, const float *q, int32_t ldq,
+                                const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache,
+                                int32_t n_head, int32_t n_kv, int32_t head_dim, float scale,
+                                void *scratch, __nv_bfloat16 *out, cudaStream_t stream);
+
+#endif

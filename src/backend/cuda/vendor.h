@@ -1,0 +1,90 @@
+/*
+ * The one place that names the GPU vendor's runtime. Every file in src/backend/cuda/ includes
+ * this first and then speaks CUDA: cuda* / cublas* / __nv_bfloat16. Built with CLLM_MUSA, the
+ * same sources compile with the MUSA toolchain (Moore Threads GPUs), and the macros below
+ * map each CUDA name used here to its MUSA twin, as llama.cpp's MUSA support does.
+ *
+ * MUSA status: UNTESTED. No MUSA toolchain or GPU has been available to this project; the
+ * mapping is written from the MUSA SDK's naming (musa_runtime.h, mublas.h, mublasLt? no: see
+ * below) and must be checked on a real MUSA machine. Add a name here whenever a .cu file
+ * starts using a new CUDA API.
+ */
+#ifndef CLLM_BACKEND_CUDA_VENDOR_H
+#define CLLM_BACKEND_CUDA_VENDOR_H
+
+#if defined(CLLM_MUSA)
+
+#include <musa_runtime.h>
+#include <musa_bf16.h>
+#include <mublas.h>
+
+/* runtime */
+#define cudaError_t musaError_t
+#define cudaSuccess musaSuccess
+#define cudaErrorMemoryAllocation musaErrorMemoryAllocation
+#define cudaGetErrorString musaGetErrorString
+#define cudaGetLastError musaGetLastError
+#define cudaGetDeviceCount musaGetDeviceCount
+#define cudaGetDeviceProperties musaGetDeviceProperties
+#define cudaDeviceProp musaDeviceProp
+#define cudaSetDevice musaSetDevice
+#define cudaMemGetInfo musaMemGetInfo
+#define cudaMalloc musaMalloc
+#define cudaFree musaFree
+#define cudaMallocHost musaMallocHost
+#define cudaFreeHost musaFreeHost
+#define cudaMemcpy musaMemcpy
+#define cudaMemcpyAsync musaMemcpyAsync
+#define cudaMemsetAsync musaMemsetAsync
+#define cudaMemcpyHostToDevice musaMemcpyHostToDevice
+#define cudaMemcpyDeviceToHost musaMemcpyDeviceToHost
+#define cudaMemcpyDeviceToDevice musaMemcpyDeviceToDevice
+#define cudaStream_t musaStream_t
+#define cudaStreamCreateWithFlags musaStreamCreateWithFlags
+#define cudaStreamNonBlocking musaStreamNonBlocking
+#define cudaStreamDestroy musaStreamDestroy
+#define cudaStreamSynchronize musaStreamSynchronize
+#define cudaStreamBeginCapture musaStreamBeginCapture
+#define cudaStreamEndCapture musaStreamEndCapture
+#define cudaStreamCaptureModeThreadLocal musaStreamCaptureModeThreadLocal
+#define cudaGraph_t musaGraph_t
+#define cudaGraphExec_t musaGraphExec_t
+#define cudaGraphInstantiate musaGraphInstantiate
+#define cudaGraphLaunch musaGraphLaunch
+#define cudaGraphDestroy musaGraphDestroy
+#define cudaGraphExecDestroy musaGraphExecDestroy
+#define cudaFuncSetAttribute musaFuncSetAttribute
+#define cudaFuncAttributeMaxDynamicSharedMemorySize musaFuncAttributeMaxDynamicSharedMemorySize
+#define cudaDevAttrMultiProcessorCount musaDevAttrMultiProcessorCount
+#define cudaDeviceGetAttribute musaDeviceGetAttribute
+/* bf16 */
+#define __nv_bfloat16 __mt_bfloat16
+#define __nv_bfloat162 __mt_bfloat162
+/* BLAS: the GEMM goes through mublasGemmEx, the cublasGemmEx twin. */
+#define cublasHandle_t mublasHandle_t
+#define cublasStatus_t mublasStatus_t
+#define CUBLAS_STATUS_SUCCESS MUBLAS_STATUS_SUCCESS
+#define cublasCreate mublasCreate
+#define cublasDestroy mublasDestroy
+#define cublasSetStream mublasSetStream
+#define cublasSetWorkspace mublasSetWorkspace
+#define cublasSetMathMode mublasSetMathMode
+#define cublasGemmEx mublasGemmEx
+#define cublasGetStatusString mublasGetStatusString
+#define CUBLAS_OP_N MUBLAS_OP_N
+#define CUBLAS_OP_T MUBLAS_OP_T
+#define CUBLAS_COMPUTE_32F MUBLAS_COMPUTE_32F
+#define CUBLAS_GEMM_DEFAULT MUBLAS_GEMM_DEFAULT
+#define CUBLAS_DEFAULT_MATH MUBLAS_DEFAULT_MATH
+#define CUDA_R_16BF MUSA_R_16BF
+#define CUDA_R_32F MUSA_R_32F
+
+#else
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#endif
+
+#endif

@@ -1,0 +1,467 @@
+/*
+ * Every CUDA backend op against the CPU backend (the reference the CPU tests pin to
+ * transformers), on random inputs of awkward sizes, plus the CUDA-only paths: stacked
+ * weights, recorded steps (graph_begin/graph_end) replayed over new data, padding rows,
+ * split attention over long contexts and its batch invariance, and bad arguments.
+ *
+ * Bounds. Inputs are drawn as BF16 values, so both backends see the same numbers; what the
+ * CUDA backend stores as BF16 (act buffers, the KV cache) may differ from the CPU's F32 result
+ * by its rounding (2^-8 relative) plus summation order; F32 outputs (GEMM, RoPE'd q) differ by
+ * summation order only (norm-wise 1e-5, far above F32 accumulation over K <= 8960).
+ *
+ * Without a CUDA device it prints why and exits 77 (skipped).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cpu/ref.h"
+#include "core/f16.h"
+#include "test.h"
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static float frand(void) /* uniform in [-1, 1), rounded to BF16 */
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    float f = (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+    return cllm_bf16_to_f32(cllm_f32_to_bf16(f));
+}
+
+static float *randv(int64_t n, float scale)
+{
+    float *v = malloc((size_t)n * sizeof *v);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = cllm_bf16_to_f32(cllm_f32_to_bf16(frand() * scale));
+    return v;
+}
+
+static struct cllm_backend *cpu, *gpu;
+static const struct cllm_backend_iface *G;
+
+/* Device buffers: one helper per direction. */
+static void *dev_upload(const void *src, size_t bytes)
+{
+    void *p = NULL;
+    CHECK(G->alloc(gpu, bytes, &p) == CLLM_OK);
+    CHECK(G->upload(gpu, p, src, bytes) == CLLM_OK);
+    return p;
+}
+
+static void *dev_poisoned(size_t bytes)
+{
+    unsigned char *junk = malloc(bytes);
+    memset(junk, 0xff, bytes); /* NaN as F32 and as BF16 */
+    void *p = dev_upload(junk, bytes);
+    free(junk);
+    return p;
+}
+
+static float *download_f32(const void *p, int64_t n)
+{
+    float *h = malloc((size_t)n * sizeof *h);
+    CHECK(G->download(gpu, h, p, (size_t)n * sizeof *h) == CLLM_OK);
+    CHECK(G->sync(gpu) == CLLM_OK);
+    return h;
+}
+
+static float *download_bf16(const void *p, int64_t n)
+{
+    uint16_t *b = malloc((size_t)n * 2);
+    float *h = malloc((size_t)n * sizeof *h);
+    CHECK(G->download(gpu, b, p, (size_t)n * 2) == CLLM_OK);
+    CHECK(G->sync(gpu) == CLLM_OK);
+    for (int64_t i = 0; i < n; i++)
+        h[i] = cllm_bf16_to_f32(b[i]);
+    free(b);
+    return h;
+}
+
+/* Elementwise |got - want| <= rel * |want| + abs; reports the worst element. */
+static void check_close(const char *what, const float *got, const float *want, int64_t n,
+                        double rel, double abs_tol)
+{
+    int64_t worst = -1;
+    double worst_excess = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - want[i]), tol = rel * fabs(want[i]) + abs_tol;
+        if (!(d <= tol) && (worst < 0 || d - tol > worst_excess))
+            worst = i, worst_excess = isnan(d) ? INFINITY : d - tol;
+    }
+    CHECKF(worst < 0, "%s: element %lld is %.9g, want %.9g", what, (long long)worst,
+           worst >= 0 ? got[worst] : 0.0, worst >= 0 ? want[worst] : 0.0);
+}
+
+/* ||got - want|| / ||want|| <= bound. */
+static void check_norm(const char *what, const float *got, const float *want, int64_t n,
+                       double bound)
+{
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)got[i] - want[i];
+        num += d * d;
+        den += (double)want[i] * want[i];
+    }
+    double r = sqrt(num / (den > 0 ? den : 1));
+    CHECKF(r <= bound, "%s: relative error %.3g > %.3g", what, r, bound);
+}
+
+/* A host tensor of BF16 values and its weights on both backends. */
+struct wpair {
+    struct cllm_tensor t;
+    uint16_t *bits;
+    float *f32;
+    struct cllm_weight c, g;
+};
+
+static void make_weight(struct wpair *w, int64_t cols, int64_t rows, float scale)
+{
+    int64_t n = cols * rows;
+    w->f32 = randv(n, scale);
+    w->bits = malloc((size_t)n * 2);
+    for (int64_t i = 0; i < n; i++)
+        w->bits[i] = cllm_f32_to_bf16(w->f32[i]);
+    w->t = (struct cllm_tensor){"w", CLLM_DTYPE_BF16, rows > 1 ? 2 : 1, {cols, rows, 1, 1},
+                                (uint64_t)n * 2, w->bits};
+    CHECK(cpu->iface->weight_init(cpu, &w->t, &w->c, NULL, 0) == CLLM_OK);
+    CHECK(G->weight_init(gpu, &w->t, &w->g, NULL, 0) == CLLM_OK);
+}
+
+static void free_weight(struct wpair *w)
+{
+    cpu->iface->weight_free(cpu, &w->c);
+    G->weight_free(gpu, &w->g);
+    free(w->f32), free(w->bits);
+}
+
+static void test_embed_norm_silu(int32_t n, int32_t dim)
+{
+    struct wpair emb, g;
+    make_weight(&emb, dim, 1000, 1.0f);
+    make_weight(&g, dim, 1, 1.0f);
+    int32_t *tok = malloc((size_t)n * sizeof *tok);
+    for (int32_t i = 0; i < n; i++)
+        tok[i] = (int32_t)((uint32_t)(i * 7919 + 13) % 1000u);
+    float *x_ref = malloc((size_t)n * dim * 4);
+    CHECK(cpu->iface->embed(cpu, &emb.c, tok, n, x_ref) == CLLM_OK);
+    void *tok_d = dev_upload(tok, (size_t)n * 4), *x_d = dev_poisoned((size_t)n * dim * 4);
+    CHECK(G->embed(gpu, &emb.g, tok_d, n, x_d) == CLLM_OK);
+    float *x = download_f32(x_d, (int64_t)n * dim);
+    CHECK(memcmp(x, x_ref, (size_t)n * dim * 4) == 0);
+
+    /* rmsnorm, then add_rmsnorm with a residual */
+    float *out_ref = malloc((size_t)n * dim * 4), *res = randv((int64_t)n * dim, 2.0f);
+    void *out_d = dev_poisoned((size_t)n * dim * 2), *res_d = dev_upload(res, (size_t)n * dim * 4);
+    CHECK(cpu->iface->rmsnorm(cpu, x_ref, &g.c, 1e-6f, n, dim, out_ref) == CLLM_OK);
+    CHECK(G->rmsnorm(gpu, x_d, &g.g, 1e-6f, n, dim, out_d) == CLLM_OK);
+    float *out = download_bf16(out_d, (int64_t)n * dim);
+    check_close("rmsnorm", out, out_ref, (int64_t)n * dim, 1.0 / 128, 1e-6);
+    free(out);
+    CHECK(cpu->iface->add_rmsnorm(cpu, res, x_ref, &g.c, 1e-6f, n, dim, out_ref) == CLLM_OK);
+    CHECK(G->add_rmsnorm(gpu, res_d, x_d, &g.g, 1e-6f, n, dim, out_d) == CLLM_OK);
+    float *res_g = download_f32(res_d, (int64_t)n * dim);
+    CHECK(memcmp(res_g, res, (size_t)n * dim * 4) == 0); /* F32 adds: identical */
+    out = download_bf16(out_d, (int64_t)n * dim);
+    check_close("add_rmsnorm", out, out_ref, (int64_t)n * dim, 1.0 / 128, 1e-6);
+
+    /* silu_mul over [gate | up] rows */
+    float *gu = randv((int64_t)n * 2 * dim, 4.0f);
+    void *gu_d = dev_upload(gu, (size_t)n * 2 * dim * 4);
+    CHECK(cpu->iface->silu_mul(cpu, gu, n, dim, out_ref) == CLLM_OK);
+    CHECK(G->silu_mul(gpu, gu_d, n, dim, out_d) == CLLM_OK);
+    free(out);
+    out = download_bf16(out_d, (int64_t)n * dim);
+    check_close("silu_mul", out, out_ref, (int64_t)n * dim, 1.0 / 128, 1e-6);
+
+    /* gather_rows: exact */
+    int32_t idx[3] = {n - 1, 0, n / 2};
+    void *idx_d = dev_upload(idx, sizeof idx), *gat_d = dev_poisoned((size_t)3 * dim * 4);
+    CHECK(G->gather_rows(gpu, res_d, idx_d, 3, dim, gat_d) == CLLM_OK);
+    float *gat = download_f32(gat_d, 3 * (int64_t)dim);
+    for (int i = 0; i < 3; i++)
+        CHECK(memcmp(gat + (int64_t)i * dim, res + (int64_t)idx[i] * dim, (size_t)dim * 4) == 0);
+
+    void *bufs[] = {tok_d, x_d, out_d, res_d, gu_d, idx_d, gat_d};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        G->dealloc(gpu, bufs[i]);
+    free(tok), free(x_ref), free(x), free(out_ref), free(res), free(out), free(res_g), free(gu),
+        free(gat);
+    free_weight(&emb), free_weight(&g);
+}
+
+/* y = W x (+ bias) into a column slice of a wider y, for several batch sizes; reference in
+ * double on the host. Also a stacked weight equals its parts. */
+static void test_matmul(int32_t K, int32_t N, int32_t n)
+{
+    struct wpair w, w2, b;
+    make_weight(&w, K, N, 0.05f);
+    make_weight(&w2, K, 17, 0.05f);
+    make_weight(&b, N, 1, 1.0f);
+    float *x = randv((int64_t)n * K, 1.0f);
+    uint16_t *xb = malloc((size_t)n * K * 2);
+    for (int64_t i = 0; i < (int64_t)n * K; i++)
+        xb[i] = cllm_f32_to_bf16(x[i]);
+    int32_t ldy = N + 17 + 5;
+    float *ref = malloc((size_t)n * ldy * 4);
+    for (int32_t t = 0; t < n; t++)
+        for (int32_t r = 0; r < N + 17; r++) {
+            const float *row = r < N ? w.f32 + (int64_t)r * K : w2.f32 + (int64_t)(r - N) * K;
+            double s = r < N ? b.f32[r] : 0.0;
+            for (int32_t k = 0; k < K; k++)
+                s += (double)row[k] * x[(int64_t)t * K + k];
+            ref[(int64_t)t * ldy + r] = (float)s;
+        }
+    void *x_d = dev_upload(xb, (size_t)n * K * 2), *y_d = dev_poisoned((size_t)n * ldy * 4);
+    CHECK(G->matmul(gpu, &w.g, &b.g, x_d, n, y_d, ldy) == CLLM_OK);
+    CHECK(G->matmul(gpu, &w2.g, NULL, x_d, n, (float *)y_d + N, ldy) == CLLM_OK);
+    float *y = download_f32(y_d, (int64_t)n * ldy);
+    float *got = malloc((size_t)n * (N + 17) * 4), *want = malloc((size_t)n * (N + 17) * 4);
+    for (int32_t t = 0; t < n; t++) {
+        memcpy(got + (int64_t)t * (N + 17), y + (int64_t)t * ldy, (size_t)(N + 17) * 4);
+        memcpy(want + (int64_t)t * (N + 17), ref + (int64_t)t * ldy, (size_t)(N + 17) * 4);
+        for (int32_t c = N + 17; c < ldy; c++) /* columns beyond the slices: untouched */
+            CHECK(isnan(y[(int64_t)t * ldy + c]));
+    }
+    char what[64];
+    snprintf(what, sizeof what, "matmul %dx%d, %d rows", (int)N, (int)K, (int)n);
+    check_norm(what, got, want, (int64_t)n * (N + 17), 1e-5);
+
+    /* stacked [w; w2] gives the same bits as the two GEMMs */
+    const struct cllm_tensor *parts[] = {&w.t, &w2.t};
+    struct cllm_weight st;
+    CHECK(G->weight_init_stacked(gpu, parts, 2, &st, NULL, 0) == CLLM_OK);
+    CHECK(st.ne[0] == K && st.ne[1] == N + 17 && st.dtype == CLLM_DTYPE_BF16);
+    void *y2_d = dev_poisoned((size_t)n * ldy * 4);
+    CHECK(G->matmul(gpu, &st, NULL, x_d, n, y2_d, ldy) == CLLM_OK);
+    float *y2 = download_f32(y2_d, (int64_t)n * ldy);
+    for (int32_t t = 0; t < n; t++)
+        for (int32_t r = 0; r < N + 17; r++) {
+            double want_r = ref[(int64_t)t * ldy + r] - (r < N ? b.f32[r] : 0.0f);
+            double d = fabs(y2[(int64_t)t * ldy + r] - want_r);
+            if (d > 1e-3 + 1e-3 * fabs(want_r)) {
+                CHECKF(0, "stacked matmul row %d col %d: %g vs %g", (int)t, (int)r,
+                       y2[(int64_t)t * ldy + r], want_r);
+                t = n;
+                break;
+            }
+        }
+    /* bad arguments are refused, not run */
+    CHECK(G->matmul(gpu, &w.g, NULL, x_d, n, y_d, N - 1) == CLLM_ERR_INVALID_ARG);
+    CHECK(G->matmul(gpu, &b.g, NULL, x_d, n, y_d, ldy) == CLLM_ERR_INVALID_ARG); /* a vector */
+    G->weight_free(gpu, &st);
+    G->dealloc(gpu, x_d), G->dealloc(gpu, y_d), G->dealloc(gpu, y2_d);
+    free(x), free(xb), free(ref), free(y), free(y2), free(got), free(want);
+    free_weight(&w), free_weight(&w2), free_weight(&b);
+}
+
+/* Sequences of the given lengths, all their tokens in one step, over shuffled blocks: bias +
+ * RoPE + KV store, then attention; a padding row at the end writes nothing. The last token
+ * of each sequence is then run alone, and must give the same bits (batch invariance). */
+static void test_attention(int32_t n_head, int32_t n_kv, int32_t hd, const int32_t *lens,
+                           int32_t n_seqs)
+{
+    enum { BS = 16 };
+    int32_t n = 0, max_len = 0;
+    for (int32_t s = 0; s < n_seqs; s++) {
+        n += lens[s];
+        max_len = lens[s] > max_len ? lens[s] : max_len;
+    }
+    int32_t max_blocks = (max_len + BS - 1) / BS, nb = max_blocks * n_seqs + 3;
+    int32_t *table = malloc((size_t)n_seqs * max_blocks * 4);
+    int32_t *perm = malloc((size_t)nb * 4);
+    for (int32_t i = 0; i < nb; i++)
+        perm[i] = i;
+    for (int32_t i = nb - 1; i > 0; i--) { /* shuffled, disjoint blocks */
+        int32_t j = (int32_t)((uint32_t)(frand() * 1e6f + 1e6f) % (uint32_t)(i + 1)), tmp = perm[i];
+        perm[i] = perm[j], perm[j] = tmp;
+    }
+    for (int32_t i = 0; i < n_seqs * max_blocks; i++)
+        table[i] = perm[i];
+    int32_t T = n + 1; /* + a padding row */
+    int32_t *pos = malloc((size_t)T * 4), *seq = malloc((size_t)T * 4), *slot = malloc((size_t)T * 4);
+    for (int32_t s = 0, t = 0; s < n_seqs; s++)
+        for (int32_t p = 0; p < lens[s]; p++, t++) {
+            pos[t] = p, seq[t] = s;
+            slot[t] = table[s * max_blocks + p / BS] * BS + p % BS;
+        }
+    pos[n] = 0, seq[n] = 0, slot[n] = -1;
+    int32_t Q = n_head * hd, KV = n_kv * hd, ld = Q + 2 * KV;
+    int64_t cache_n = (int64_t)nb * BS * KV;
+    float *qkv = randv((int64_t)T * ld, 2.0f), *bias = randv(ld, 0.5f);
+    struct wpair bw;
+    bw.t = (struct cllm_tensor){"b", CLLM_DTYPE_F32, 1, {ld, 1, 1, 1}, (uint64_t)ld * 4, bias};
+    CHECK(cpu->iface->weight_init(cpu, &bw.t, &bw.c, NULL, 0) == CLLM_OK);
+    CHECK(G->weight_init(gpu, &bw.t, &bw.g, NULL, 0) == CLLM_OK);
+    struct cllm_rope rope = {1000000.0f, hd};
+
+    /* CPU reference */
+    float *qkv_c = malloc((size_t)T * ld * 4), *kc = calloc((size_t)cache_n, 4),
+          *vc = calloc((size_t)cache_n, 4);
+    memcpy(qkv_c, qkv, (size_t)T * ld * 4);
+    struct cllm_attn_batch bc = {T, pos, seq, slot, table, max_blocks, BS, max_len};
+    CHECK(cpu->iface->qkv_rope_store(cpu, &rope, &bc, qkv_c, ld, &bw.c, n_head, n_kv, kc, vc) ==
+          CLLM_OK);
+    /* The CPU cache holds F32; the GPU's holds the same values rounded to BF16. */
+    for (int64_t i = 0; i < cache_n; i++) {
+        kc[i] = cllm_bf16_to_f32(cllm_f32_to_bf16(kc[i]));
+        vc[i] = cllm_bf16_to_f32(cllm_f32_to_bf16(vc[i]));
+    }
+    bc.n_tokens = n;
+    float *att_c = malloc((size_t)n * Q * 4);
+    CHECK(cpu->iface->attention(cpu, &bc, qkv_c, ld, kc, vc, n_head, n_kv, hd,
+                                1.0f / sqrtf((float)hd), NULL, att_c) == CLLM_OK);
+
+    /* GPU */
+    void *pos_d = dev_upload(pos, (size_t)T * 4), *seq_d = dev_upload(seq, (size_t)T * 4),
+         *slot_d = dev_upload(slot, (size_t)T * 4),
+         *table_d = dev_upload(table, (size_t)n_seqs * max_blocks * 4);
+    void *qkv_d = dev_upload(qkv, (size_t)T * ld * 4);
+    /* The cache starts as a 0x3f3f pattern: slots nobody wrote must keep it. */
+    uint16_t *pattern = malloc((size_t)cache_n * 2);
+    for (int64_t i = 0; i < cache_n; i++)
+        pattern[i] = 0x3f3f;
+    void *kc_d = dev_upload(pattern, (size_t)cache_n * 2), *vc_d = dev_upload(pattern, (size_t)cache_n * 2);
+    struct cllm_attn_batch bg = {T, pos_d, seq_d, slot_d, table_d, max_blocks, BS, max_len};
+    CHECK(G->qkv_rope_store(gpu, &rope, &bg, qkv_d, ld, &bw.g, n_head, n_kv, kc_d, vc_d) ==
+          CLLM_OK);
+    float *qkv_g = download_f32(qkv_d, (int64_t)T * ld);
+    for (int32_t t = 0; t < T; t++)
+        check_close("rope q", qkv_g + (int64_t)t * ld, qkv_c + (int64_t)t * ld, Q, 1e-6, 1e-6);
+    float *kc_g = download_bf16(kc_d, cache_n), *vc_g = download_bf16(vc_d, cache_n);
+    bool *written = calloc((size_t)nb * BS, 1);
+    for (int32_t t = 0; t < n; t++)
+        written[slot[t]] = true;
+    int64_t bad_untouched = 0;
+    for (int64_t s = 0; s < (int64_t)nb * BS; s++) {
+        if (written[s]) {
+            check_close("k cache", kc_g + s * KV, kc + s * KV, KV, 1.0 / 128, 1e-6);
+            check_close("v cache", vc_g + s * KV, vc + s * KV, KV, 0.0, 0.0);
+        } else {
+            for (int32_t i = 0; i < KV; i++)
+                bad_untouched += kc_g[s * KV + i] != cllm_bf16_to_f32(0x3f3f) ||
+                                 vc_g[s * KV + i] != cllm_bf16_to_f32(0x3f3f);
+        }
+    }
+    CHECKF(bad_untouched == 0, "%lld cache values outside the step's slots changed",
+           (long long)bad_untouched);
+    /* attention reads the GPU's own cache; the reference read the same values */
+    size_t scratch_bytes = G->attention_scratch(gpu, n, n_head, hd);
+    void *scratch = NULL, *att_d = dev_poisoned((size_t)n * Q * 2);
+    CHECK(G->alloc(gpu, scratch_bytes, &scratch) == CLLM_OK);
+    bg.n_tokens = n;
+    CHECK(G->attention(gpu, &bg, qkv_d, ld, kc_d, vc_d, n_head, n_kv, hd, 1.0f / sqrtf((float)hd),
+                       scratch, att_d) == CLLM_OK);
+    float *att_g = download_bf16(att_d, (int64_t)n * Q);
+    char what[96];
+    snprintf(what, sizeof what, "attention %d/%d heads, hd %d, longest %d", (int)n_head,
+             (int)n_kv, (int)hd, (int)max_len);
+    check_close(what, att_g, att_c, (int64_t)n * Q, 1.0 / 64, 2e-3);
+
+    /* batch invariance: each sequence's last token alone (its q row moved to row 0) */
+    for (int32_t s = 0, t_last = -1; s < n_seqs; s++) {
+        t_last += lens[s];
+        struct cllm_attn_batch one = {1, (int32_t *)pos_d + t_last, (int32_t *)seq_d + t_last,
+                                      (int32_t *)slot_d + t_last, table_d, max_blocks, BS,
+                                      lens[s]};
+        void *one_d = dev_poisoned((size_t)Q * 2);
+        CHECK(G->attention(gpu, &one, (float *)qkv_d + (int64_t)t_last * ld, ld, kc_d, vc_d,
+                           n_head, n_kv, hd, 1.0f / sqrtf((float)hd), scratch, one_d) == CLLM_OK);
+        float *one_g = download_bf16(one_d, Q);
+        CHECKF(memcmp(one_g, att_g + (int64_t)t_last * Q, (size_t)Q * 4) == 0,
+               "sequence %d (%d tokens): alone != batched", (int)s, (int)lens[s]);
+        free(one_g);
+        G->dealloc(gpu, one_d);
+    }
+    CHECK(G->attention(gpu, &bg, qkv_d, ld, kc_d, vc_d, n_head, n_kv, 96, 0.1f, scratch, att_d) ==
+          CLLM_ERR_INVALID_ARG);
+
+    void *bufs[] = {pos_d, seq_d, slot_d, table_d, qkv_d, kc_d, vc_d, scratch, att_d};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        G->dealloc(gpu, bufs[i]);
+    cpu->iface->weight_free(cpu, &bw.c);
+    G->weight_free(gpu, &bw.g);
+    free(table), free(perm), free(pos), free(seq), free(slot), free(qkv), free(bias), free(qkv_c),
+        free(kc), free(vc), free(att_c), free(qkv_g), free(kc_g), free(vc_g), free(written),
+        free(att_g), free(pattern);
+}
+
+/* A recorded sequence (add_rmsnorm then matmul) replayed over new inputs at the same
+ * addresses gives what running the ops directly gives. */
+static void test_graph(void)
+{
+    enum { n = 5, K = 256, N = 384 };
+    struct wpair w, g;
+    make_weight(&w, K, N, 0.05f);
+    make_weight(&g, K, 1, 1.0f);
+    void *res_d = NULL, *x_d = NULL, *xn_d = NULL, *y_d = NULL;
+    CHECK(G->alloc(gpu, n * K * 4, &res_d) == CLLM_OK && G->alloc(gpu, n * K * 4, &x_d) == CLLM_OK &&
+          G->alloc(gpu, n * K * 2, &xn_d) == CLLM_OK && G->alloc(gpu, n * N * 4, &y_d) == CLLM_OK);
+    float *want = NULL;
+    for (int round = 0; round < 3; round++) {
+        float *res = randv(n * K, 1.0f), *x = randv(n * K, 1.0f);
+        /* direct */
+        CHECK(G->upload(gpu, res_d, res, n * K * 4) == CLLM_OK);
+        CHECK(G->upload(gpu, x_d, x, n * K * 4) == CLLM_OK);
+        CHECK(G->add_rmsnorm(gpu, res_d, x_d, &g.g, 1e-6f, n, K, xn_d) == CLLM_OK);
+        CHECK(G->matmul(gpu, &w.g, NULL, xn_d, n, y_d, N) == CLLM_OK);
+        free(want);
+        want = download_f32(y_d, n * N);
+        /* recorded (round 0) or replayed (rounds 1, 2) */
+        CHECK(G->upload(gpu, res_d, res, n * K * 4) == CLLM_OK);
+        CHECK(G->upload(gpu, x_d, x, n * K * 4) == CLLM_OK);
+        CHECK(G->memzero(gpu, y_d, n * N * 4) == CLLM_OK);
+        bool replayed = true;
+        CHECK(G->graph_begin(gpu, 42, &replayed) == CLLM_OK);
+        CHECK(replayed == (round > 0));
+        if (!replayed) {
+            CHECK(G->add_rmsnorm(gpu, res_d, x_d, &g.g, 1e-6f, n, K, xn_d) == CLLM_OK);
+            CHECK(G->matmul(gpu, &w.g, NULL, xn_d, n, y_d, N) == CLLM_OK);
+            CHECK(G->graph_end(gpu, 42) == CLLM_OK);
+        }
+        float *got = download_f32(y_d, n * N);
+        CHECKF(memcmp(got, want, n * N * 4) == 0, "round %d: recorded step differs", round);
+        free(got), free(res), free(x);
+    }
+    CHECK(G->graph_end(gpu, 42) == CLLM_ERR_INVALID_ARG); /* not recording */
+    free(want);
+    G->dealloc(gpu, res_d), G->dealloc(gpu, x_d), G->dealloc(gpu, xn_d), G->dealloc(gpu, y_d);
+    free_weight(&w), free_weight(&g);
+}
+
+int main(void)
+{
+    struct cllm_backend_options oc = {CLLM_BACKEND_CPU, 0, 0}, og = {CLLM_BACKEND_CUDA, 0, 0};
+    char err[256] = "";
+    if (cllm_backend_new(&gpu, &og, err, sizeof err) != CLLM_OK) {
+        printf("skipped: %s\n", err);
+        return 77;
+    }
+    G = gpu->iface;
+    if (cllm_backend_new(&cpu, &oc, err, sizeof err) != CLLM_OK) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    size_t free_b = 0, total_b = 0;
+    CHECK(G->mem_info(gpu, &free_b, &total_b) == CLLM_OK && free_b > 0 && free_b <= total_b);
+
+    test_embed_norm_silu(1, 1536);
+    test_embed_norm_silu(37, 896);
+    test_embed_norm_silu(300, 8960);
+    int32_t shapes[][3] = {{1536, 1536, 1}, {1536, 2048, 7}, {8960, 1536, 64}, {1536, 17920, 300}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        test_matmul(shapes[i][0], shapes[i][1], shapes[i][2]);
+    int32_t lens_a[] = {1, 17, 300};
+    int32_t lens_b[] = {5000, 2, 700}; /* 5000: split over several blocks */
+    test_attention(12, 2, 128, lens_a, 3); /* Qwen2.5-1.5B */
+    test_attention(14, 2, 64, lens_a, 3);  /* Qwen2.5-0.5B */
+    test_attention(28, 4, 128, lens_b, 3); /* Qwen2.5-7B */
+    test_attention(4, 4, 64, lens_b, 3);   /* no grouping */
+    test_graph();
+
+    cllm_backend_free(cpu);
+    cllm_backend_free(gpu);
+    return test_summary();
+}
