@@ -113,6 +113,15 @@ def test_generate_errors():
         expect_error(["generate", "--model", GGUF] + args, needle, f"generate {args}")
     r = run(["generate", "--model", GGUF, "--prompt", "hi", "--max-tokens", "0"])
     check(r.returncode == 2 and b"invalid value" in r.stderr, "--max-tokens 0 is refused")
+    for flag, value in [("--gpu-mem-fraction", "0"), ("--gpu-mem-fraction", "1.5"),
+                        ("--device", "tpu"), ("--device", "cuda:x")]:
+        r = run(["generate", "--model", GGUF, "--prompt", "hi", flag, value])
+        check(r.returncode == 2 and b"invalid value" in r.stderr, f"{flag} {value} is refused")
+    # A GPU the machine does not have (no device, or a build without CUDA): a clear error.
+    r = run(["generate", "--model", GGUF, "--prompt", "hi", "--max-tokens", "2",
+             "--device", "cuda:7"])
+    check(r.returncode != 0 and b"CUDA" in r.stderr and len(r.stderr.splitlines()) <= 3,
+          f"--device cuda:7 without such a GPU fails clearly: {r.stderr[-300:]}")
     r = run(["generate", "--model", GGUF, "--raw", "--prompt", "1, 2, 3, 4,", "--max-tokens", "4"])
     check(r.returncode == 0 and len(r.stdout.strip()) > 0 and b"decode" in r.stderr,
           f"generate streams an answer and reports rates: {r.stderr[-300:]}")
