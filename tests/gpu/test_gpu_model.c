@@ -7,8 +7,9 @@
  * Reference: "ref32" is transformers in F32 on the same BF16 weights (exact math), "bf16" is
  * transformers as it runs a BF16 model. Our BF16 activations and KV cache (with an F32
  * residual stream) must stay as close to ref32 as transformers-BF16 does: the last-position
- * logit error, over the range of the logits, is bounded by max(1.5 x transformers-BF16's,
- * 2e-3), and the argmax agrees at >= min(98%, transformers-BF16's rate - 2%) of positions.
+ * logit error, over the range of the logits, is bounded by max(2 x transformers-BF16's, 5e-3)
+ * (a real bug gives tens of percent), and the argmax agrees at >= min(98%, transformers-BF16's
+ * rate - 2%) of positions.
  * Greedy continuations are written to OURS.json for tests/gpu/check_greedy.py, which
  * teacher-forces them through ref32 (near-ties may flip; anything else fails).
  *
@@ -228,7 +229,7 @@ int main(void)
         for (int32_t i = 0; i < n; i++)
             agree += am[i] == a32[i], agree_hf += a16[i] == a32[i];
         double top1 = (double)agree / n, top1_hf = (double)agree_hf / n;
-        CHECKF(err_ours <= fmax(1.5 * err_hf, 2e-3), "%s: logit error %.3g of the range vs "
+        CHECKF(err_ours <= fmax(2.0 * err_hf, 5e-3), "%s: logit error %.3g of the range vs "
                "transformers-BF16 %.3g", name, err_ours, err_hf);
         CHECKF(top1 >= fmin(0.98, top1_hf - 0.02), "%s: top-1 %.3f vs transformers-BF16 %.3f",
                name, top1, top1_hf);
