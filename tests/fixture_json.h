@@ -6,6 +6,7 @@
 #ifndef CLLM_TESTS_FIXTURE_JSON_H
 #define CLLM_TESTS_FIXTURE_JSON_H
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -31,6 +32,17 @@ static inline cJSON *test_fixture_json(const char *name)
         exit(1);
     }
     return root;
+}
+
+/* A JSON array of numbers as token ids (malloc'ed; at least one element of room). */
+static inline int32_t *test_json_ids(const cJSON *arr, int32_t *n)
+{
+    *n = cJSON_GetArraySize(arr);
+    int32_t *v = malloc((size_t)(*n ? *n : 1) * sizeof *v);
+    int32_t i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, arr) v[i++] = (int32_t)e->valuedouble;
+    return v;
 }
 
 #endif

@@ -5,6 +5,7 @@
 #ifndef CLLM_TESTS_TEST_H
 #define CLLM_TESTS_TEST_H
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -42,6 +43,16 @@ static inline const char *test_env(const char *name)
         exit(1);
     }
     return v;
+}
+
+/* Index of the largest value, the lowest index winning ties (as greedy decoding picks). */
+static inline int32_t test_argmax(const float *x, int32_t n)
+{
+    int32_t a = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > x[a])
+            a = i;
+    return a;
 }
 
 static inline int test_summary(void)

@@ -29,6 +29,7 @@
 #include "backend/backend.h"
 #include "core/mmap.h"
 #include "model/model.h"
+#include "fixture_json.h"
 #include "test.h"
 
 #define BLOCK 16
@@ -44,25 +45,6 @@ struct runner {
     int32_t table[MAX_SEQS][BLOCKS_PER_SEQ];
     int32_t n_vocab;
 };
-
-static int32_t argmax(const float *x, int32_t n)
-{
-    int32_t a = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[a])
-            a = i;
-    return a;
-}
-
-static int32_t *json_ids(const cJSON *arr, int32_t *n)
-{
-    *n = cJSON_GetArraySize(arr);
-    int32_t *v = malloc((size_t)(*n ? *n : 1) * sizeof *v);
-    int32_t i = 0;
-    const cJSON *e;
-    cJSON_ArrayForEach(e, arr) v[i++] = (int32_t)e->valuedouble;
-    return v;
-}
 
 static bool open_runner(struct runner *r, const struct cllm_model_files *mf,
                         struct cllm_backend *be, bool shuffled)
@@ -114,7 +96,7 @@ static bool feed(struct runner *r, int32_t seq, const int32_t *ids, int32_t n, i
             return false;
         for (int32_t i = 0; i < c; i++)
             if (argmaxes)
-                argmaxes[off + i] = argmax(logits + (int64_t)i * r->n_vocab, r->n_vocab);
+                argmaxes[off + i] = test_argmax(logits + (int64_t)i * r->n_vocab, r->n_vocab);
         if (off + c == n && last)
             memcpy(last, logits + (int64_t)(c - 1) * r->n_vocab, (size_t)r->n_vocab * 4);
     }
@@ -133,7 +115,7 @@ static bool greedy(struct runner *r, int32_t n_seqs, int32_t *const *prompts, co
             free(last);
             return false;
         }
-        next[s] = argmax(last, r->n_vocab);
+        next[s] = test_argmax(last, r->n_vocab);
     }
     free(last);
     for (int32_t k = 0; k < N_GREEDY; k++) {
@@ -204,11 +186,11 @@ int main(void)
     {
         const char *name = cJSON_GetObjectItem(c, "name")->valuestring;
         int32_t n, n_a32, n_a16, n_sid, n_g;
-        int32_t *ids = json_ids(cJSON_GetObjectItem(c, "ids"), &n);
-        int32_t *a32 = json_ids(cJSON_GetObjectItem(c, "argmax_ref32"), &n_a32);
-        int32_t *a16 = json_ids(cJSON_GetObjectItem(c, "argmax_bf16"), &n_a16);
-        int32_t *sid = json_ids(cJSON_GetObjectItem(c, "sample_ids"), &n_sid);
-        int32_t *g32 = json_ids(cJSON_GetObjectItem(c, "greedy_ref32"), &n_g);
+        int32_t *ids = test_json_ids(cJSON_GetObjectItem(c, "ids"), &n);
+        int32_t *a32 = test_json_ids(cJSON_GetObjectItem(c, "argmax_ref32"), &n_a32);
+        int32_t *a16 = test_json_ids(cJSON_GetObjectItem(c, "argmax_bf16"), &n_a16);
+        int32_t *sid = test_json_ids(cJSON_GetObjectItem(c, "sample_ids"), &n_sid);
+        int32_t *g32 = test_json_ids(cJSON_GetObjectItem(c, "greedy_ref32"), &n_g);
         const cJSON *l32 = cJSON_GetObjectItem(c, "ref32_logits");
         const cJSON *l16 = cJSON_GetObjectItem(c, "bf16_logits");
         double range = cJSON_GetObjectItem(c, "range")->valuedouble;

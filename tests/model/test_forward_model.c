@@ -68,25 +68,6 @@ static int32_t feed(struct runner *r, const int32_t *ids, int32_t n, int32_t sta
     return last_arg;
 }
 
-static int32_t argmax(const float *x, int32_t n)
-{
-    int32_t a = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[a])
-            a = i;
-    return a;
-}
-
-static int32_t *json_ids(const cJSON *arr, int32_t *n)
-{
-    *n = cJSON_GetArraySize(arr);
-    int32_t *v = malloc((size_t)(*n ? *n : 1) * sizeof *v);
-    int32_t i = 0;
-    const cJSON *e;
-    cJSON_ArrayForEach(e, arr) v[i++] = (int32_t)e->valuedouble;
-    return v;
-}
-
 static bool open_runner(struct runner *r, const char *path, struct cllm_backend *be,
                         bool shuffled)
 {
@@ -124,17 +105,17 @@ static void run_case(struct runner *r, const cJSON *c, bool exact, const cJSON *
 {
     const char *name = cJSON_GetObjectItem(c, "name")->valuestring;
     int32_t n, n_arg, n_greedy, n_sample;
-    int32_t *ids = json_ids(cJSON_GetObjectItem(c, "ids"), &n);
-    int32_t *ref_arg = json_ids(cJSON_GetObjectItem(c, "argmax"), &n_arg);
-    int32_t *greedy = json_ids(cJSON_GetObjectItem(c, "greedy"), &n_greedy);
-    int32_t *sample = json_ids(cJSON_GetObjectItem(c, "sample_ids"), &n_sample);
+    int32_t *ids = test_json_ids(cJSON_GetObjectItem(c, "ids"), &n);
+    int32_t *ref_arg = test_json_ids(cJSON_GetObjectItem(c, "argmax"), &n_arg);
+    int32_t *greedy = test_json_ids(cJSON_GetObjectItem(c, "greedy"), &n_greedy);
+    int32_t *sample = test_json_ids(cJSON_GetObjectItem(c, "sample_ids"), &n_sample);
     double range = cJSON_GetObjectItem(c, "range")->valuedouble;
     float *all = malloc((size_t)n * r->n_vocab * sizeof(float));
     int32_t next = feed(r, ids, n, 0, 48, all);
 
     int agree = 0;
     for (int32_t p = 0; p < n; p++)
-        agree += argmax(all + (int64_t)p * r->n_vocab, r->n_vocab) == ref_arg[p];
+        agree += test_argmax(all + (int64_t)p * r->n_vocab, r->n_vocab) == ref_arg[p];
     const float *last = all + (int64_t)(n - 1) * r->n_vocab;
     double dot = 0, na = 0, nb = 0, max_err = 0;
     int i = 0;
@@ -167,7 +148,7 @@ static void run_case(struct runner *r, const cJSON *c, bool exact, const cJSON *
            name, n, agree, n, cosv, rel, same_greedy, n_greedy);
     if (llama) {
         int32_t n_llama;
-        int32_t *lg = json_ids(cJSON_GetObjectItem(llama, "greedy"), &n_llama);
+        int32_t *lg = test_json_ids(cJSON_GetObjectItem(llama, "greedy"), &n_llama);
         int same = 0;
         while (same < n_llama && same < n_gen && gen[same] == lg[same])
             same++;
@@ -192,7 +173,7 @@ static void test_paging(struct runner *a, struct runner *b, const cJSON *c)
 {
     /* Same prompt, contiguous table in one go vs shuffled table in odd chunks. */
     int32_t n;
-    int32_t *ids = json_ids(cJSON_GetObjectItem(c, "ids"), &n);
+    int32_t *ids = test_json_ids(cJSON_GetObjectItem(c, "ids"), &n);
     float *la = malloc((size_t)n * a->n_vocab * sizeof(float));
     float *lb = malloc((size_t)n * b->n_vocab * sizeof(float));
     feed(a, ids, n, 0, 64, la);

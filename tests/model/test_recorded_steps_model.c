@@ -274,15 +274,6 @@ static struct cllm_backend *recording_backend(void)
 #define N_SEQS 3
 #define N_GEN 20
 
-static int32_t argmax(const float *x, int32_t n)
-{
-    int32_t a = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[a])
-            a = i;
-    return a;
-}
-
 /* Prefill each prompt, then N_GEN decode steps of all still-running sequences; sequence s
  * stops after N_GEN - 3 * s tokens, so the batch shrinks across buckets (3 -> 2 -> 1 rows). */
 static bool decode(struct cllm_backend *be, const struct cllm_model_files *mf,
@@ -316,7 +307,7 @@ static bool decode(struct cllm_backend *be, const struct cllm_model_files *mf,
                                1, outs};
         ok = cllm_model_forward(m, &kv, &st, &logits) == CLLM_OK;
         if (ok)
-            next[s] = argmax(logits, V);
+            next[s] = test_argmax(logits, V);
     }
     for (int32_t k = 0; k < N_GEN && ok; k++) {
         int32_t tok[N_SEQS], pos[N_SEQS], seq[N_SEQS], slot[N_SEQS], outs[N_SEQS], who[N_SEQS];
@@ -335,7 +326,7 @@ static bool decode(struct cllm_backend *be, const struct cllm_model_files *mf,
         struct cllm_step st = {n, tok, pos, seq, slot, &tbl[0][0], n, BLOCKS_PER_SEQ, n, outs};
         ok = cllm_model_forward(m, &kv, &st, &logits) == CLLM_OK;
         for (int32_t i = 0; ok && i < n; i++)
-            next[who[i]] = argmax(logits + (int64_t)i * V, V);
+            next[who[i]] = test_argmax(logits + (int64_t)i * V, V);
         if (ok && k == N_GEN - 1)
             memcpy(last_logits, logits, (size_t)V * sizeof(float));
     }
