@@ -18,6 +18,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend/cuda/backend_cuda.h"
 #include "backend/cuda/kernels.h"
@@ -27,6 +28,7 @@ extern "C" {
 #include "core/f16.h"
 #include "core/log.h"
 #include "core/status.h"
+#include "tensor/convert.h"
 #include "tensor/dtype.h"
 }
 
@@ -151,7 +153,8 @@ static enum cllm_status cu_mem_info(struct cllm_backend *be, size_t *free_bytes,
 
 /* --- weights --- */
 
-/* Copies rows [0, rows) of t, as BF16, to dst (device). */
+/* Copies rows [0, rows) of t, as BF16, to dst (device): BF16 files as they are, other types
+ * widened and rounded on all cores, a staging buffer at a time. */
 static enum cllm_status upload_bf16_rows(struct cuda *c, const struct cllm_tensor *t,
                                          __nv_bfloat16 *dst, char *err, size_t err_len)
 {
@@ -160,38 +163,23 @@ static enum cllm_status upload_bf16_rows(struct cuda *c, const struct cllm_tenso
         return check_cuda(cudaMemcpy(dst, t->data, (size_t)(cols * rows) * 2,
                                      cudaMemcpyHostToDevice),
                           "weight upload");
-    uint64_t row_bytes;
-    if (!cllm_dtype_row_bytes(t->dtype, cols, &row_bytes))
-        return cllm_fail(err, err_len, CLLM_ERR_FORMAT, "tensor %s: bad row of %s", t->name,
-                         cllm_dtype_name(t->dtype));
-    float *row = (float *)malloc((size_t)cols * sizeof(float));
-    if (!row)
-        return CLLM_ERR_NOMEM;
-    size_t per_chunk = STAGING_BYTES / ((size_t)cols * 2);
+    int64_t per_chunk = (int64_t)(STAGING_BYTES / ((size_t)cols * 2));
+    if (per_chunk < 1)
+        return cllm_fail(err, err_len, CLLM_ERR_UNSUPPORTED, "tensor %s: rows of %lld are too long",
+                         t->name, (long long)cols);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int threads = cpus < 1 ? 1 : cpus > 16 ? 16 : (int)cpus;
     uint16_t *stage = (uint16_t *)c->staging;
-    enum cllm_status st = per_chunk ? CLLM_OK
-                                    : cllm_fail(err, err_len, CLLM_ERR_UNSUPPORTED,
-                                                "tensor %s: rows of %lld are too long", t->name,
-                                                (long long)cols);
-    for (int64_t r0 = 0; st == CLLM_OK && r0 < rows; r0 += (int64_t)per_chunk) {
-        int64_t n = rows - r0 < (int64_t)per_chunk ? rows - r0 : (int64_t)per_chunk;
-        for (int64_t r = 0; r < n; r++) {
-            if (!cllm_dequant_row(t->dtype, (const char *)t->data + (uint64_t)(r0 + r) * row_bytes,
-                                  row, cols)) {
-                st = cllm_fail(err, err_len, CLLM_ERR_FORMAT, "tensor %s: cannot convert %s",
-                               t->name, cllm_dtype_name(t->dtype));
-                break;
-            }
-            for (int64_t i = 0; i < cols; i++)
-                stage[r * cols + i] = cllm_f32_to_bf16(row[i]);
-        }
-        if (st == CLLM_OK)
-            st = check_cuda(cudaMemcpy(dst + r0 * cols, stage, (size_t)(n * cols) * 2,
-                                       cudaMemcpyHostToDevice),
-                            "weight upload");
+    for (int64_t r0 = 0; r0 < rows; r0 += per_chunk) {
+        int64_t n = rows - r0 < per_chunk ? rows - r0 : per_chunk;
+        if (!cllm_convert_rows_bf16(t, r0, n, stage, threads))
+            return cllm_fail(err, err_len, CLLM_ERR_FORMAT, "tensor %s: cannot convert %s",
+                             t->name, cllm_dtype_name(t->dtype));
+        TRY(check_cuda(cudaMemcpy(dst + r0 * cols, stage, (size_t)(n * cols) * 2,
+                                  cudaMemcpyHostToDevice),
+                       "weight upload"));
     }
-    free(row);
-    return st;
+    return CLLM_OK;
 }
 
 /* Copies a vector, as F32, to dst (device). */
