@@ -5,9 +5,11 @@
  * map each CUDA name used here to its MUSA twin, as llama.cpp's MUSA support does.
  *
  * MUSA status: UNTESTED. No MUSA toolchain or GPU has been available to this project; the
- * mapping is written from the MUSA SDK's naming (musa_runtime.h, mublas.h, mublasLt? no: see
- * below) and must be checked on a real MUSA machine. Add a name here whenever a .cu file
- * starts using a new CUDA API.
+ * mapping follows the MUSA SDK's naming (musa_runtime.h, musa_bf16.h, mublas.h: cuda* ->
+ * musa*, cublas* -> mublas*) and must be checked on a real MUSA machine. The BF16 intrinsics
+ * (__float2bfloat16_rn, __bfloat162float, ...) are assumed to keep their CUDA names in
+ * musa_bf16.h. Every cuda*/cublas* name the .cu files use is mapped below (a grep over
+ * src/backend/cuda checks that); add one here whenever a file starts using a new API.
  */
 #ifndef CLLM_BACKEND_CUDA_VENDOR_H
 #define CLLM_BACKEND_CUDA_VENDOR_H
@@ -22,6 +24,10 @@
 #define cudaError_t musaError_t
 #define cudaSuccess musaSuccess
 #define cudaErrorMemoryAllocation musaErrorMemoryAllocation
+#define cudaErrorInvalidValue musaErrorInvalidValue
+#define cudaGetDevice musaGetDevice
+#define cudaStreamCreate musaStreamCreate
+#define cudaDevAttrMaxSharedMemoryPerBlockOptin musaDevAttrMaxSharedMemoryPerBlockOptin
 #define cudaGetErrorString musaGetErrorString
 #define cudaGetLastError musaGetLastError
 #define cudaGetDeviceCount musaGetDeviceCount
@@ -64,6 +70,7 @@
 #define cublasHandle_t mublasHandle_t
 #define cublasStatus_t mublasStatus_t
 #define CUBLAS_STATUS_SUCCESS MUBLAS_STATUS_SUCCESS
+#define CUBLAS_STATUS_ALLOC_FAILED MUBLAS_STATUS_ALLOC_FAILED
 #define cublasCreate mublasCreate
 #define cublasDestroy mublasDestroy
 #define cublasSetStream mublasSetStream
