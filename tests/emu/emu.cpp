@@ -1,0 +1,247 @@
+/* The emulator's runtime: green threads, barriers, a fake device. */
+#include "emu.h"
+#include <ucontext.h>
+#include <sys/mman.h>
+#include <vector>
+#include <algorithm>
+#include <random>
+#include <chrono>
+
+struct emu_thread {
+    emu_thread_pub pub;
+    void *sp;
+    bool done;
+};
+/* A context switch without the signal-mask syscall of swapcontext: callee-saved registers,
+ * MXCSR and the x87 control word go on the stack. */
+extern "C" void emu_ctx_switch(void **from_sp, void *to_sp);
+asm(R"(
+.text
+.globl emu_ctx_switch
+.type emu_ctx_switch, @function
+emu_ctx_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+)");
+static void *sched_sp;
+emu_thread *emu_cur;
+emu_uint3 emu_blockIdx, emu_blockDim, emu_gridDim;
+
+static std::vector<emu_thread> threads;
+static std::vector<char *> stacks;
+static const size_t STACK = 256 * 1024;
+static std::function<void()> *body_fn;
+static unsigned nthreads;
+static uint64_t progress;
+static std::vector<unsigned char> dyn;
+static size_t dyn_max = 48 * 1024;
+static cudaError_t last_error = cudaSuccess;
+static std::mt19937_64 rng(12345);
+
+/* block barrier */
+static unsigned bar_count, bar_gen;
+static void *bar_site;
+/* warp barriers */
+struct warp_state { unsigned count, gen, expect; void *site; uint64_t stage[32], out[32]; };
+static std::vector<warp_state> warps;
+
+static void yield_now() { emu_ctx_switch(&emu_cur->sp, sched_sp); }
+
+void emu_syncthreads_at(void *site)
+{
+    if (bar_count == 0)
+        bar_site = site;
+    else if (bar_site != site) {
+        fprintf(stderr, "emu: __syncthreads from different sites (block %u thread %u): %p vs %p\n", emu_blockIdx.x, emu_cur->pub.tid.x, site, bar_site);
+        abort();
+    }
+    unsigned g = bar_gen;
+    progress++;
+    if (++bar_count == nthreads) {
+        bar_count = 0;
+        bar_gen++;
+        return;
+    }
+    while (bar_gen == g)
+        yield_now();
+}
+
+void emu_warp_exchange(uint64_t v, uint64_t *all, void *site)
+{
+    warp_state &w = warps[emu_cur->pub.tid.x / 32];
+    unsigned lane = emu_cur->pub.tid.x & 31;
+    if (w.count == 0)
+        w.site = site;
+    else if (w.site != site) {
+        fprintf(stderr, "emu: warp collective from different sites (block %u thread %u)\n", emu_blockIdx.x, emu_cur->pub.tid.x);
+        abort();
+    }
+    w.stage[lane] = v;
+    unsigned g = w.gen;
+    progress++;
+    if (++w.count == w.expect) {
+        memcpy(w.out, w.stage, sizeof w.out);
+        w.count = 0;
+        w.gen++;
+    } else {
+        while (w.gen == g)
+            yield_now();
+    }
+    memcpy(all, w.out, sizeof w.out);
+    /* everyone must read out before the next exchange overwrites it: a second barrier */
+    unsigned g2 = w.gen;
+    if (++w.count == w.expect) {
+        w.count = 0;
+        w.gen++;
+    } else {
+        while (w.gen == g2)
+            yield_now();
+    }
+}
+
+void *emu_dyn_smem(void) { return dyn.data(); }
+
+static void trampoline()
+{
+    (*body_fn)();
+    emu_cur->done = true;
+    progress++;
+    emu_ctx_switch(&emu_cur->sp, sched_sp);
+    abort();
+}
+
+void emu_launch(std::function<void()> body, dim3 grid3, dim3 block3, size_t smem, cudaStream_t)
+{
+    unsigned block = block3.x;
+    if (block3.y != 1 || block3.z != 1) {
+        fprintf(stderr, "emu: only 1-D blocks are emulated (%u,%u,%u)\n", block3.x, block3.y, block3.z);
+        abort();
+    }
+    if (block == 0 || block > 1024 || block % 32 || smem > dyn_max || grid3.x == 0 || grid3.y == 0 ||
+        grid3.z == 0 || grid3.x > 0x7fffffffu || grid3.y > 65535 || grid3.z > 65535) {
+        fprintf(stderr, "emu: bad launch config grid (%u,%u,%u) block %u smem %zu (max %zu)\n",
+                grid3.x, grid3.y, grid3.z, block, smem, dyn_max);
+        last_error = cudaErrorInvalidValue;
+        return;
+    }
+    static int launches;
+    if (getenv("EMU_TRACE"))
+        fprintf(stderr, "emu: launch %d grid (%u,%u,%u) block %u smem %zu\n", launches, grid3.x, grid3.y, grid3.z, block, smem);
+    launches++;
+    body_fn = &body;
+    nthreads = block;
+    threads.resize(block);
+    while (stacks.size() < block) {
+        void *p = mmap(NULL, STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        stacks.push_back((char *)p);
+    }
+    warps.assign(block / 32, warp_state{});
+    for (auto &w : warps) w.expect = 32;
+    emu_gridDim = {grid3.x, grid3.y, grid3.z};
+    emu_blockDim = {block, 1, 1};
+    dyn.assign(smem + 8, 0xA5);
+    std::vector<unsigned> order(block);
+    for (unsigned bz = 0; bz < grid3.z; bz++)
+    for (unsigned by = 0; by < grid3.y; by++)
+    for (unsigned b = 0; b < grid3.x; b++) {
+        emu_blockIdx = {b, by, bz};
+        memset(dyn.data(), 0xA5, dyn.size());
+        bar_count = 0;
+        for (unsigned t = 0; t < block; t++) {
+            emu_thread &th = threads[t];
+            th.pub.tid = {t, 0, 0};
+            th.done = false;
+            uint64_t *sp = (uint64_t *)(((uintptr_t)(stacks[t] + STACK)) & ~(uintptr_t)15);
+            *--sp = 0;
+            *--sp = (uint64_t)(uintptr_t)trampoline;
+            for (int i = 0; i < 6; i++)
+                *--sp = 0;
+            *--sp = (uint64_t)0x037F << 32 | 0x1F80;
+            th.sp = sp;
+            order[t] = t;
+        }
+        unsigned alive = block;
+        while (alive) {
+            uint64_t before = progress;
+            std::shuffle(order.begin(), order.end(), rng);
+            for (unsigned t : order) {
+                if (threads[t].done) continue;
+                emu_cur = &threads[t];
+                emu_ctx_switch(&sched_sp, threads[t].sp);
+                if (threads[t].done) alive--;
+            }
+            if (alive && progress == before) {
+                fprintf(stderr, "emu: deadlock in block (%u,%u,%u) (%u threads alive, barrier count %u)\n", b, by, bz, alive, bar_count);
+                abort();
+            }
+        }
+        /* a warp barrier some lanes entered but the rest left the kernel: divergent collective */
+        for (size_t wi = 0; wi < warps.size(); wi++)
+            if (warps[wi].count) {
+                fprintf(stderr, "emu: block (%u,%u,%u) warp %zu ended with %u lanes in a collective\n", b, by, bz, wi, warps[wi].count);
+                abort();
+            }
+        if (bar_count) {
+            fprintf(stderr, "emu: block (%u,%u,%u) ended with %u threads in __syncthreads\n", b, by, bz, bar_count);
+            abort();
+        }
+    }
+}
+
+extern "C" {
+cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }
+cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
+cudaError_t cudaSetDevice(int) { return cudaSuccess; }
+cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int)
+{
+    const char *e = getenv("EMU_SMEM_OPTIN");
+    if (a == cudaDevAttrMaxSharedMemoryPerBlockOptin) { *v = e ? atoi(e) : 232448; return cudaSuccess; }
+    if (a == cudaDevAttrMultiProcessorCount) { *v = 132; return cudaSuccess; }
+    return cudaErrorInvalidValue;
+}
+cudaError_t emu_func_set_attribute(const void *, enum cudaFuncAttribute a, int v)
+{
+    int optin; cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0);
+    if (a != cudaFuncAttributeMaxDynamicSharedMemorySize || v < 0 || v > optin) return cudaErrorInvalidValue;
+    dyn_max = (size_t)v;
+    return cudaSuccess;
+}
+cudaError_t cudaMalloc(void **p, size_t n) { *p = malloc(n ? n : 1); if (*p) memset(*p, 0x5A, n); return *p ? cudaSuccess : cudaErrorMemoryAllocation; }
+cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }
+cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind) { memcpy(d, s, n); return cudaSuccess; }
+cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind, cudaStream_t) { memcpy(d, s, n); return cudaSuccess; }
+cudaError_t cudaMemset(void *d, int v, size_t n) { memset(d, v, n); return cudaSuccess; }
+cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t) { memset(d, v, n); return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamCreate(cudaStream_t *s) { *s = (cudaStream_t)malloc(1); return cudaSuccess; }
+cudaError_t cudaStreamDestroy(cudaStream_t s) { free(s); return cudaSuccess; }
+cudaError_t cudaGetLastError(void) { cudaError_t e = last_error; last_error = cudaSuccess; return e; }
+cudaError_t cudaPeekAtLastError(void) { return last_error; }
+const char *cudaGetErrorString(cudaError_t e) { return e ? "emu error" : "no error"; }
+struct CUevent_st { double t; };
+cudaError_t cudaEventCreate(cudaEvent_t *e) { *e = new CUevent_st{0}; return cudaSuccess; }
+cudaError_t cudaEventDestroy(cudaEvent_t e) { delete e; return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) { e->t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count(); return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) { *ms = (float)(b->t - a->t); return cudaSuccess; }
+}

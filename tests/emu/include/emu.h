@@ -1,0 +1,147 @@
+/* CPU emulation of the CUDA device side: each CUDA thread is a green thread (ucontext); blocks
+ * run one at a time; __syncthreads and warp collectives are barriers that also check that all
+ * participants arrive from the same call site. Static __shared__ variables become statics. */
+#ifndef EMU_H
+#define EMU_H
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include "cuda_runtime_api.h"
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
+#define __launch_bounds__(...)
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+
+/* vector types */
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { uint4 r = {x, y, z, w}; return r; }
+struct alignas(8) float2 { float x, y; };
+static inline float2 make_float2(float x, float y) { float2 r = {x, y}; return r; }
+
+/* BF16: a 16-bit struct; conversions as cuda_bf16.h (round to nearest even, NaN kept quiet) */
+struct __nv_bfloat16 { unsigned short __x; };
+struct alignas(4) __nv_bfloat162 { __nv_bfloat16 x, y; };
+static inline float __bfloat162float(__nv_bfloat16 h) { uint32_t u = (uint32_t)h.__x << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline __nv_bfloat16 __float2bfloat16_rn(float f)
+{
+    uint32_t u; memcpy(&u, &f, 4);
+    __nv_bfloat16 r;
+    if ((u & 0x7fffffffu) > 0x7f800000u) { r.__x = 0x7fff; return r; } /* canonical NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    r.__x = (unsigned short)(u >> 16);
+    return r;
+}
+static inline float2 __bfloat1622float2(__nv_bfloat162 v) { float2 r = {__bfloat162float(v.x), __bfloat162float(v.y)}; return r; }
+
+static inline int min(int a, int b) { return a < b ? a : b; }
+static inline int max(int a, int b) { return a > b ? a : b; }
+static inline long long min(long long a, long long b) { return a < b ? a : b; }
+static inline long long max(long long a, long long b) { return a > b ? a : b; }
+
+struct emu_uint3 { unsigned x, y, z; };
+struct emu_thread;
+extern emu_thread *emu_cur;
+struct emu_thread_pub { emu_uint3 tid; };
+#define threadIdx (((emu_thread_pub *)emu_cur)->tid)
+extern emu_uint3 emu_blockIdx, emu_blockDim, emu_gridDim;
+#define blockIdx emu_blockIdx
+#define blockDim emu_blockDim
+#define gridDim emu_gridDim
+
+void emu_syncthreads_at(void *site);
+void emu_warp_exchange(uint64_t v, uint64_t *all, void *site); /* all[32] gets every lane's v */
+void *emu_dyn_smem(void);
+struct dim3 {
+    unsigned x, y, z;
+    dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+void emu_launch(std::function<void()> body, dim3 grid, dim3 block, size_t smem = 0, cudaStream_t s = 0);
+
+/* Call sites are source lines: the compiler may duplicate code, never lines. */
+#define EMU_SITE ((void *)(uintptr_t)__LINE__)
+#define __syncthreads() emu_syncthreads_at(EMU_SITE)
+#define __syncwarp(...) do { uint64_t emu_a_[32]; emu_warp_exchange(0, emu_a_, EMU_SITE); } while (0)
+
+template <class T> static inline uint64_t emu_bits(T v) { uint64_t b = 0; memcpy(&b, &v, sizeof v); return b; }
+template <class T> static inline T emu_from(uint64_t b) { T v; memcpy(&v, &b, sizeof v); return v; }
+
+#define EMU_LANE ((int)(threadIdx.x & 31))
+template <class T> static T emu__shfl_sync(void *site, unsigned mask, T v, int src)
+{
+    if (mask != 0xffffffffu) { fprintf(stderr, "emu: partial shuffle mask\n"); abort(); }
+    uint64_t a[32];
+    emu_warp_exchange(emu_bits(v), a, site);
+    return emu_from<T>(a[src & 31]);
+}
+template <class T> static T emu__shfl_up_sync(void *site, unsigned mask, T v, unsigned d)
+{
+    if (mask != 0xffffffffu) abort();
+    uint64_t a[32];
+    emu_warp_exchange(emu_bits(v), a, site);
+    int s = EMU_LANE - (int)d;
+    return s < 0 ? v : emu_from<T>(a[s]);
+}
+template <class T> static T emu__shfl_down_sync(void *site, unsigned mask, T v, unsigned d)
+{
+    if (mask != 0xffffffffu) abort();
+    uint64_t a[32];
+    emu_warp_exchange(emu_bits(v), a, site);
+    int s = EMU_LANE + (int)d;
+    return s > 31 ? v : emu_from<T>(a[s]);
+}
+template <class T> static T emu__shfl_xor_sync(void *site, unsigned mask, T v, int x)
+{
+    if (mask != 0xffffffffu) abort();
+    uint64_t a[32];
+    emu_warp_exchange(emu_bits(v), a, site);
+    return emu_from<T>(a[(EMU_LANE ^ x) & 31]);
+}
+static unsigned emu__ballot_sync(void *site, unsigned mask, int p)
+{
+    if (mask != 0xffffffffu) abort();
+    uint64_t a[32];
+    emu_warp_exchange(p ? 1 : 0, a, site);
+    unsigned r = 0;
+    for (int i = 0; i < 32; i++) r |= (a[i] ? 1u : 0u) << i;
+    return r;
+}
+#define __shfl_sync(...) emu__shfl_sync(EMU_SITE, __VA_ARGS__)
+#define __shfl_up_sync(...) emu__shfl_up_sync(EMU_SITE, __VA_ARGS__)
+#define __shfl_down_sync(...) emu__shfl_down_sync(EMU_SITE, __VA_ARGS__)
+#define __shfl_xor_sync(...) emu__shfl_xor_sync(EMU_SITE, __VA_ARGS__)
+#define __ballot_sync(...) emu__ballot_sync(EMU_SITE, __VA_ARGS__)
+static inline int __popc(unsigned x) { return __builtin_popcount(x); }
+static inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+static inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
+static inline int __clz(unsigned x) { return x ? __builtin_clz(x) : 32; }
+static inline int __clz(int x) { return __clz((unsigned)x); }
+
+static inline unsigned atomicAdd(unsigned *p, unsigned v) { unsigned o = *p; *p = o + v; return o; }
+static inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long v) { unsigned long long o = *p; *p = o + v; return o; }
+static inline int atomicAdd(int *p, int v) { int o = *p; *p = o + v; return o; }
+
+static inline float __fdiv_rn(float a, float b) { volatile float r = a / b; return r; }
+static inline float __fsub_rn(float a, float b) { volatile float r = a - b; return r; }
+static inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
+static inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
+static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
+static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+static inline unsigned long long __double2ull_rn(double d) { return (unsigned long long)nearbyint(d); }
+
+using std::isfinite;
+using std::isnan;
+
+template <class F> static inline cudaError_t cudaFuncSetAttribute(F *f, enum cudaFuncAttribute a, int v)
+{
+    return emu_func_set_attribute((const void *)f, a, v);
+}
+#endif

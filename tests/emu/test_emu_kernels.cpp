@@ -1,0 +1,308 @@
+/* Runs the launchers of kernels.cu / attention.cu under the CPU emulator against cpu/ref.c,
+ * mirroring tests/gpu/test_gpu_ops.c (test_embed_norm_silu, test_attention). Host memory
+ * stands in for device memory. */
+#include "backend/cuda/kernels.h"
+extern "C" {
+#include "backend/cpu/ref.h"
+#include "core/f16.h"
+}
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+static int fails, checks;
+#define CHECKF(c, ...) do { checks++; if (!(c)) { fails++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
+#define CHECK(c) CHECKF(c, "%s", #c)
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static float frand(void)
+{
+    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+    float f = (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+    return cllm_bf16_to_f32(cllm_f32_to_bf16(f));
+}
+static std::vector<float> randv(int64_t n, float scale)
+{
+    std::vector<float> v(n);
+    for (int64_t i = 0; i < n; i++) v[i] = cllm_bf16_to_f32(cllm_f32_to_bf16(frand() * scale));
+    return v;
+}
+static float bf(__nv_bfloat16 h) { return cllm_bf16_to_f32(h.__x); }
+static float rbf(float f) { return cllm_bf16_to_f32(cllm_f32_to_bf16(f)); }
+
+static void check_close(const char *what, const float *got, const float *want, int64_t n, double rel, double abs_tol)
+{
+    int64_t worst = -1; double worst_excess = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - want[i]), tol = rel * fabs(want[i]) + abs_tol;
+        if (!(d <= tol) && (worst < 0 || d - tol > worst_excess))
+            worst = i, worst_excess = isnan(d) ? INFINITY : d - tol;
+    }
+    CHECKF(worst < 0, "%s: element %lld is %.9g, want %.9g", what, (long long)worst,
+           worst >= 0 ? got[worst] : 0.0, worst >= 0 ? want[worst] : 0.0);
+}
+/* distance in BF16 ulps between a stored bf16 value and bf16(want); reports histogram */
+static void ulp_report(const char *what, const __nv_bfloat16 *got, const float *want, int64_t n, bool strict = true)
+{
+    int64_t h[3] = {0, 0, 0}; int maxu = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int a = (int16_t)got[i].__x, b = (int16_t)cllm_f32_to_bf16(want[i]);
+        /* sign-magnitude to ordered */
+        a = a < 0 ? (int)0x8000 - (a & 0x7fff) - 0x10000 + 0x10000 - 0x8000 - (a & 0x7fff) : a;
+        int ga = (got[i].__x & 0x8000) ? -(int)(got[i].__x & 0x7fff) : (int)got[i].__x;
+        uint16_t wb = cllm_f32_to_bf16(want[i]);
+        int gb = (wb & 0x8000) ? -(int)(wb & 0x7fff) : (int)wb;
+        (void)a; (void)b;
+        int u = abs(ga - gb);
+        h[u > 1 ? 2 : u]++;
+        if (u > maxu) maxu = u;
+    }
+    printf("  %-28s bf16 ulps vs bf16(ref): 0:%lld 1:%lld >1:%lld (max %d)\n", what, (long long)h[0], (long long)h[1], (long long)h[2], maxu);
+    if (strict) CHECKF(maxu <= 1, "%s: %d bf16 ulps from the reference", what, maxu);
+}
+
+static void test_embed_norm_silu(int32_t n, int32_t dim)
+{
+    printf("embed/norm/silu n=%d dim=%d\n", n, dim);
+    std::vector<float> embf = randv((int64_t)1000 * dim, 1.0f), g = randv(dim, 1.0f);
+    std::vector<__nv_bfloat16> emb(embf.size());
+    for (size_t i = 0; i < emb.size(); i++) emb[i].__x = cllm_f32_to_bf16(embf[i]);
+    std::vector<int32_t> tok(n);
+    for (int32_t i = 0; i < n; i++) tok[i] = (int32_t)((uint32_t)(i * 7919 + 13) % 1000u);
+    std::vector<float> x((size_t)n * dim), x_ref((size_t)n * dim);
+    memset(x.data(), 0xff, x.size() * 4);
+    for (int32_t t = 0; t < n; t++) for (int32_t d = 0; d < dim; d++) x_ref[(size_t)t * dim + d] = embf[(size_t)tok[t] * dim + d];
+    CHECK(cllm_cuda_embed(emb.data(), 1000, dim, tok.data(), n, x.data(), 0) == cudaSuccess);
+    CHECKF(memcmp(x.data(), x_ref.data(), x.size() * 4) == 0, "embed not exact");
+
+    std::vector<float> out_ref((size_t)n * dim), res = randv((int64_t)n * dim, 2.0f), outf((size_t)n * dim);
+    std::vector<__nv_bfloat16> out((size_t)n * dim);
+    memset(out.data(), 0xff, out.size() * 2);
+    for (int32_t t = 0; t < n; t++) cllm_ref_rmsnorm_row(&x_ref[(size_t)t * dim], g.data(), 1e-6f, dim, &out_ref[(size_t)t * dim]);
+    CHECK(cllm_cuda_rmsnorm(NULL, x.data(), g.data(), 1e-6f, n, dim, out.data(), 0) == cudaSuccess);
+    for (size_t i = 0; i < out.size(); i++) outf[i] = bf(out[i]);
+    check_close("rmsnorm", outf.data(), out_ref.data(), (int64_t)n * dim, 1.0 / 128, 1e-6);
+    ulp_report("rmsnorm", out.data(), out_ref.data(), (int64_t)n * dim);
+
+    /* add_rmsnorm */
+    std::vector<float> res_c = res, res_g = res;
+    for (size_t i = 0; i < res_c.size(); i++) res_c[i] = res_c[i] + x_ref[i];
+    for (int32_t t = 0; t < n; t++) cllm_ref_rmsnorm_row(&res_c[(size_t)t * dim], g.data(), 1e-6f, dim, &out_ref[(size_t)t * dim]);
+    memset(out.data(), 0xff, out.size() * 2);
+    CHECK(cllm_cuda_rmsnorm(res_g.data(), x.data(), g.data(), 1e-6f, n, dim, out.data(), 0) == cudaSuccess);
+    CHECKF(memcmp(res_g.data(), res_c.data(), res_c.size() * 4) == 0, "add_rmsnorm residual not bit-exact");
+    for (size_t i = 0; i < out.size(); i++) outf[i] = bf(out[i]);
+    check_close("add_rmsnorm", outf.data(), out_ref.data(), (int64_t)n * dim, 1.0 / 128, 1e-6);
+    ulp_report("add_rmsnorm", out.data(), out_ref.data(), (int64_t)n * dim);
+
+    /* silu_mul */
+    std::vector<float> gu = randv((int64_t)n * 2 * dim, 4.0f);
+    for (int32_t t = 0; t < n; t++) cllm_ref_silu_mul(&gu[(size_t)t * 2 * dim], &gu[(size_t)t * 2 * dim + dim], dim, &out_ref[(size_t)t * dim]);
+    memset(out.data(), 0xff, out.size() * 2);
+    CHECK(cllm_cuda_silu_mul(gu.data(), n, dim, out.data(), 0) == cudaSuccess);
+    for (size_t i = 0; i < out.size(); i++) outf[i] = bf(out[i]);
+    check_close("silu_mul", outf.data(), out_ref.data(), (int64_t)n * dim, 1.0 / 128, 1e-6);
+    ulp_report("silu_mul", out.data(), out_ref.data(), (int64_t)n * dim);
+
+    /* gather_rows, add_bias: exact */
+    int32_t idx[3] = {n - 1, 0, n / 2};
+    std::vector<float> gat((size_t)3 * dim);
+    memset(gat.data(), 0xff, gat.size() * 4);
+    CHECK(cllm_cuda_gather_rows(res_g.data(), idx, 3, dim, gat.data(), 0) == cudaSuccess);
+    for (int i = 0; i < 3; i++)
+        CHECK(memcmp(&gat[(size_t)i * dim], &res_g[(size_t)idx[i] * dim], (size_t)dim * 4) == 0);
+    int32_t ldy = dim + 7;
+    std::vector<float> y = randv((int64_t)n * ldy, 1.0f), y_c = y, bias = randv(dim, 1.0f);
+    for (int32_t t = 0; t < n; t++) for (int32_t c = 0; c < dim; c++) y_c[(size_t)t * ldy + c] += bias[c];
+    CHECK(cllm_cuda_add_bias(y.data(), ldy, bias.data(), n, dim, 0) == cudaSuccess);
+    CHECKF(memcmp(y.data(), y_c.data(), y.size() * 4) == 0, "add_bias not exact");
+}
+
+static void test_attention(int32_t n_head, int32_t n_kv, int32_t hd, const int32_t *lens, int32_t n_seqs)
+{
+    printf("attention %d/%d heads hd %d lens", n_head, n_kv, hd);
+    for (int s = 0; s < n_seqs; s++) printf(" %d", lens[s]);
+    printf("\n");
+    enum { BS = 16 };
+    int32_t n = 0, max_len = 0;
+    for (int32_t s = 0; s < n_seqs; s++) { n += lens[s]; max_len = lens[s] > max_len ? lens[s] : max_len; }
+    int32_t max_blocks = (max_len + BS - 1) / BS, nb = max_blocks * n_seqs + 3;
+    std::vector<int32_t> table((size_t)n_seqs * max_blocks), perm(nb);
+    for (int32_t i = 0; i < nb; i++) perm[i] = i;
+    for (int32_t i = nb - 1; i > 0; i--) {
+        int32_t j = (int32_t)((uint32_t)(frand() * 1e6f + 1e6f) % (uint32_t)(i + 1)), tmp = perm[i];
+        perm[i] = perm[j], perm[j] = tmp;
+    }
+    for (int32_t i = 0; i < n_seqs * max_blocks; i++) table[i] = perm[i];
+    int32_t T = n + 1;
+    std::vector<int32_t> pos(T), seq(T), slot(T);
+    for (int32_t s = 0, t = 0; s < n_seqs; s++)
+        for (int32_t p = 0; p < lens[s]; p++, t++) { pos[t] = p, seq[t] = s; slot[t] = table[s * max_blocks + p / BS] * BS + p % BS; }
+    pos[n] = 0, seq[n] = 0, slot[n] = -1;
+    int32_t Q = n_head * hd, KV = n_kv * hd, ld = Q + 2 * KV;
+    int64_t cache_n = (int64_t)nb * BS * KV;
+    std::vector<float> qkv = randv((int64_t)T * ld, 2.0f), bias = randv(ld, 0.5f);
+    struct cllm_rope rope = {1000000.0f, hd};
+
+    /* CPU reference, as cpu_qkv_rope_store does it */
+    std::vector<float> qkv_c = qkv, kc(cache_n, 0.0f), vc(cache_n, 0.0f), cs(hd / 2), sn(hd / 2);
+    for (int32_t t = 0; t < T; t++) {
+        float *q = &qkv_c[(size_t)t * ld], *k = q + Q, *v = k + KV;
+        for (int32_t i = 0; i < ld; i++) q[i] = q[i] + bias[i];
+        cllm_ref_rope_cos_sin(&rope, pos[t], cs.data(), sn.data());
+        for (int32_t h = 0; h < n_head; h++) cllm_ref_rope_apply(q + (int64_t)h * hd, cs.data(), sn.data(), hd);
+        for (int32_t h = 0; h < n_kv; h++) cllm_ref_rope_apply(k + (int64_t)h * hd, cs.data(), sn.data(), hd);
+        if (slot[t] < 0) continue;
+        memcpy(&kc[(size_t)slot[t] * KV], k, (size_t)KV * 4);
+        memcpy(&vc[(size_t)slot[t] * KV], v, (size_t)KV * 4);
+    }
+    std::vector<float> kc_r(cache_n), vc_r(cache_n);
+    for (int64_t i = 0; i < cache_n; i++) kc_r[i] = rbf(kc[i]), vc_r[i] = rbf(vc[i]);
+    struct cllm_attn_batch bc = {n, pos.data(), seq.data(), slot.data(), table.data(), max_blocks, BS, max_len};
+    std::vector<float> qc((size_t)n * Q), att_c((size_t)n * Q);
+    for (int32_t t = 0; t < n; t++) memcpy(&qc[(size_t)t * Q], &qkv_c[(size_t)t * ld], (size_t)Q * 4);
+    cllm_ref_attention(&bc, qc.data(), kc_r.data(), vc_r.data(), n_head, n_kv, hd, 1.0f / sqrtf((float)hd), att_c.data());
+
+    /* emulated GPU */
+    struct cllm_cuda_rope_freqs freqs;
+    for (int32_t i = 0; i < hd / 2; i++) freqs.inv_freq[i] = 1.0f / powf(rope.theta, (float)(2 * i) / (float)hd);
+    std::vector<__nv_bfloat16> kg(cache_n), vg(cache_n);
+    for (int64_t i = 0; i < cache_n; i++) kg[i].__x = vg[i].__x = 0x3f3f;
+    std::vector<float> qkv_g = qkv;
+    struct cllm_cuda_batch bg = {T, pos.data(), seq.data(), slot.data(), table.data(), max_blocks, BS, max_len};
+    CHECK(cllm_cuda_qkv_rope_store(&bg, &freqs, qkv_g.data(), ld, bias.data(), n_head, n_kv, hd, kg.data(), vg.data(), 0) == cudaSuccess);
+    int bad_q = 0, q_ulp = 0;
+    for (int32_t t = 0; t < T; t++) {
+        check_close("rope q", &qkv_g[(size_t)t * ld], &qkv_c[(size_t)t * ld], Q, 1e-6, 1e-6);
+        for (int32_t i = 0; i < Q; i++) q_ulp += qkv_g[(size_t)t * ld + i] != qkv_c[(size_t)t * ld + i];
+        (void)bad_q;
+    }
+    printf("  rope q: %d of %lld values not bit-identical to the CPU's\n", q_ulp, (long long)T * Q);
+    int k_rope_diff = 0;
+    for (int32_t t = 0; t < T; t++) for (int32_t i = 0; i < KV; i++) k_rope_diff += qkv_g[(size_t)t * ld + Q + i] != qkv_c[(size_t)t * ld + Q + i];
+    printf("  rope k (in qkv): %d values not bit-identical\n", k_rope_diff);
+    std::vector<char> written((size_t)nb * BS, 0);
+    for (int32_t t = 0; t < n; t++) written[slot[t]] = 1;
+    int64_t bad_untouched = 0, kbad = 0, vbad = 0, kulp1 = 0;
+    for (int64_t s = 0; s < (int64_t)nb * BS; s++)
+        for (int32_t i = 0; i < KV; i++) {
+            int64_t e = s * KV + i;
+            if (written[s]) {
+                uint16_t wk = cllm_f32_to_bf16(kc[e]), wv = cllm_f32_to_bf16(vc[e]);
+                int dk = abs((int)kg[e].__x - (int)wk);
+                if (dk == 1) kulp1++;
+                if (dk > 1 || ((kg[e].__x ^ wk) & 0x8000)) { if (dk) kbad++; }
+                if (vg[e].__x != wv) vbad++;
+            } else
+                bad_untouched += kg[e].__x != 0x3f3f || vg[e].__x != 0x3f3f;
+        }
+    printf("  k cache: %lld values 1 ulp off, %lld more; v cache: %lld not exact\n", (long long)kulp1, (long long)kbad, (long long)vbad);
+    CHECKF(kbad == 0, "k cache: %lld values > 1 bf16 ulp from bf16(cpu)", (long long)kbad);
+    CHECKF(vbad == 0, "v cache: %lld values != bf16(cpu)", (long long)vbad);
+    CHECKF(bad_untouched == 0, "%lld cache values outside the step's slots changed", (long long)bad_untouched);
+
+    /* attention reads the emulated GPU's own cache; the reference read bf16(CPU cache) */
+    size_t scratch_bytes = cllm_cuda_attention_scratch(n, n_head, hd);
+    std::vector<unsigned char> scratch(scratch_bytes, 0xff);
+    std::vector<__nv_bfloat16> att((size_t)n * Q);
+    memset(att.data(), 0xff, att.size() * 2);
+    bg.n_tokens = n;
+    CHECK(cllm_cuda_attention(&bg, qkv_g.data(), ld, kg.data(), vg.data(), n_head, n_kv, hd, 1.0f / sqrtf((float)hd), scratch.data(), att.data(), 0) == cudaSuccess);
+    std::vector<float> att_g((size_t)n * Q);
+    for (size_t i = 0; i < att.size(); i++) att_g[i] = bf(att[i]);
+    char what[96];
+    snprintf(what, sizeof what, "attention %d/%d heads, hd %d, longest %d", n_head, n_kv, hd, max_len);
+    check_close(what, att_g.data(), att_c.data(), (int64_t)n * Q, 1.0 / 64, 2e-3);
+    double maxrel = 0;
+    for (size_t i = 0; i < att_g.size(); i++) { double d = fabs(att_g[i] - att_c[i]) / (fabs(att_c[i]) + 2e-3 * 64); if (d > maxrel) maxrel = d; }
+    printf("  attention: max |d|/(|want|+0.128) = %.3g\n", maxrel);
+    ulp_report("attention (info)", att.data(), att_c.data(), (int64_t)n * Q, false);
+
+    for (int32_t s = 0, t_last = -1; s < n_seqs; s++) {
+        t_last += lens[s];
+        struct cllm_cuda_batch one = {1, &pos[t_last], &seq[t_last], &slot[t_last], table.data(), max_blocks, BS, lens[s]};
+        std::vector<__nv_bfloat16> o(Q);
+        memset(o.data(), 0xff, o.size() * 2);
+        std::vector<unsigned char> sc1(cllm_cuda_attention_scratch(1, n_head, hd), 0xff);
+        CHECK(cllm_cuda_attention(&one, &qkv_g[(size_t)t_last * ld], ld, kg.data(), vg.data(), n_head, n_kv, hd, 1.0f / sqrtf((float)hd), sc1.data(), o.data(), 0) == cudaSuccess);
+        CHECKF(memcmp(o.data(), &att[(size_t)t_last * Q], (size_t)Q * 2) == 0, "sequence %d (%d tokens): alone != batched", s, lens[s]);
+    }
+    CHECK(cllm_cuda_attention(&bg, qkv_g.data(), ld, kg.data(), vg.data(), n_head, n_kv, 96, 0.1f, scratch.data(), att.data(), 0) == cudaErrorInvalidValue);
+    CHECK(cudaGetLastError() == cudaSuccess);
+}
+
+/* One long sequence whose whole prefix is stored, then attention for a few chosen positions
+ * only (decode-like): split lengths above SPLIT_MIN (len > 4096) and split boundaries. */
+static void test_decode(int32_t n_head, int32_t n_kv, int32_t hd, int32_t L)
+{
+    printf("decode %d/%d heads hd %d, sequence of %d\n", n_head, n_kv, hd, L);
+    enum { BS = 16 };
+    int32_t max_blocks = (L + BS - 1) / BS, nb = max_blocks + 2;
+    std::vector<int32_t> table(max_blocks);
+    for (int32_t i = 0; i < max_blocks; i++) table[i] = (i * 7 + 1) % nb; /* nb, 7 coprime-ish: distinct */
+    std::vector<int32_t> pos(L), seq(L, 0), slot(L);
+    for (int32_t p = 0; p < L; p++) pos[p] = p, slot[p] = table[p / BS] * BS + p % BS;
+    int32_t Q = n_head * hd, KV = n_kv * hd, ld = Q + 2 * KV;
+    int64_t cache_n = (int64_t)nb * BS * KV;
+    std::vector<float> qkv = randv((int64_t)L * ld, 2.0f);
+    struct cllm_cuda_rope_freqs freqs;
+    for (int32_t i = 0; i < hd / 2; i++) freqs.inv_freq[i] = 1.0f / powf(1000000.0f, (float)(2 * i) / (float)hd);
+    std::vector<__nv_bfloat16> kg(cache_n), vg(cache_n);
+    for (int64_t i = 0; i < cache_n; i++) kg[i].__x = vg[i].__x = 0x3f3f;
+    struct cllm_cuda_batch all = {L, pos.data(), seq.data(), slot.data(), table.data(), max_blocks, BS, L};
+    CHECK(cllm_cuda_qkv_rope_store(&all, &freqs, qkv.data(), ld, NULL, n_head, n_kv, hd, kg.data(), vg.data(), 0) == cudaSuccess);
+    std::vector<float> kf(cache_n), vf(cache_n);
+    for (int64_t i = 0; i < cache_n; i++) kf[i] = bf(kg[i]), vf[i] = bf(vg[i]);
+    int32_t pick[] = {0, 255, 256, 257, 511, 512, 4095, 4096, 4097, L - 2, L - 1};
+    int32_t n = 0;
+    std::vector<int32_t> ppos, pseq, pslot;
+    std::vector<float> q;
+    for (int32_t p : pick) {
+        if (p >= L) continue;
+        ppos.push_back(p), pseq.push_back(0), pslot.push_back(slot[p]);
+        q.insert(q.end(), &qkv[(size_t)p * ld], &qkv[(size_t)p * ld] + Q);
+        n++;
+    }
+    struct cllm_attn_batch bc = {n, ppos.data(), pseq.data(), pslot.data(), table.data(), max_blocks, BS, L};
+    std::vector<float> att_c((size_t)n * Q);
+    cllm_ref_attention(&bc, q.data(), kf.data(), vf.data(), n_head, n_kv, hd, 1.0f / sqrtf((float)hd), att_c.data());
+    struct cllm_cuda_batch bg = {n, ppos.data(), pseq.data(), pslot.data(), table.data(), max_blocks, BS, L};
+    std::vector<unsigned char> scratch(cllm_cuda_attention_scratch(n, n_head, hd), 0xff);
+    std::vector<__nv_bfloat16> att((size_t)n * Q);
+    memset(att.data(), 0xff, att.size() * 2);
+    CHECK(cllm_cuda_attention(&bg, q.data(), Q, kg.data(), vg.data(), n_head, n_kv, hd, 1.0f / sqrtf((float)hd), scratch.data(), att.data(), 0) == cudaSuccess);
+    std::vector<float> att_g((size_t)n * Q);
+    for (size_t i = 0; i < att.size(); i++) att_g[i] = bf(att[i]);
+    check_close("decode attention", att_g.data(), att_c.data(), (int64_t)n * Q, 1.0 / 64, 2e-3);
+    ulp_report("decode attention (info)", att.data(), att_c.data(), (int64_t)n * Q, false);
+    for (int32_t i = 0; i < n; i++) {
+        struct cllm_cuda_batch one = {1, &ppos[i], &pseq[i], &pslot[i], table.data(), max_blocks, BS, ppos[i] + 1};
+        std::vector<__nv_bfloat16> o(Q);
+        memset(o.data(), 0xff, o.size() * 2);
+        CHECK(cllm_cuda_attention(&one, &q[(size_t)i * Q], Q, kg.data(), vg.data(), n_head, n_kv, hd, 1.0f / sqrtf((float)hd), scratch.data(), o.data(), 0) == cudaSuccess);
+        CHECKF(memcmp(o.data(), &att[(size_t)i * Q], (size_t)Q * 2) == 0, "position %d: alone != batched", ppos[i]);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    int which = argc > 1 ? atoi(argv[1]) : -1;
+    if (which < 0 || which == 0) {
+        test_embed_norm_silu(1, 256);
+        test_embed_norm_silu(5, 300);
+        test_embed_norm_silu(3, 896);
+    }
+    int32_t lens_a[] = {1, 17, 300};
+    int32_t lens_b[] = {600, 2, 40};
+    if (which < 0 || which == 1) test_attention(12, 2, 128, lens_a, 3); /* group 6 */
+    if (which < 0 || which == 2) test_attention(12, 2, 64, lens_a, 3);
+    if (which < 0 || which == 3) test_attention(4, 2, 64, lens_b, 3);   /* group 2, split */
+    if (which < 0 || which == 4) test_attention(2, 2, 128, lens_b, 3);  /* no grouping, split */
+    if (which < 0 || which == 5) test_attention(6, 1, 128, lens_b, 3);  /* group 6, split */
+    if (which < 0 || which == 6) test_decode(4, 2, 64, 4700);
+    if (which < 0 || which == 7) test_decode(6, 1, 128, 4700);
+    printf("%d checks, %d failed\n", checks, fails);
+    return fails != 0;
+}
