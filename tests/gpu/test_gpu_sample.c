@@ -113,8 +113,7 @@ static struct cllm_sampling_params params_of(const struct cllm_sample_row *r)
 }
 
 /* The host's distribution for a row (probs[n]); false if the sampler refused. */
-static bool host_probs(const struct cllm_sample_row *r, const float *src, int32_t n,
-                       double *probs)
+static bool host_probs(const struct cllm_sample_row *r, const float *src, int32_t n, double *probs)
 {
     struct cllm_sampling_params p = params_of(r);
     struct cllm_sampler *s;
@@ -171,8 +170,8 @@ static bool run(const float *d_logits, int32_t n, int32_t n_vocab,
 {
     struct cllm_sample_row *d_rows = dev_copy(rows, (size_t)n * sizeof *rows);
     int32_t *d_tokens = NULL;
-    bool good = d_rows && ok(cudaMalloc((void **)&d_tokens, (size_t)n * sizeof *d_tokens),
-                             "cudaMalloc");
+    bool good =
+        d_rows && ok(cudaMalloc((void **)&d_tokens, (size_t)n * sizeof *d_tokens), "cudaMalloc");
     good = good && ok(cudaMemset(d_tokens, 0xff, (size_t)n * sizeof *d_tokens), "poison");
     size_t scratch_bytes = cllm_cuda_sample_scratch_bytes(n, n_vocab);
     void *scratch = NULL;
@@ -182,9 +181,9 @@ static bool run(const float *d_logits, int32_t n, int32_t n_vocab,
                                        scratch_bytes, NULL),
                       "cllm_cuda_sample");
     good = good && ok(cudaDeviceSynchronize(), "kernel");
-    good = good && ok(cudaMemcpy(tokens, d_tokens, (size_t)n * sizeof *tokens,
-                                 cudaMemcpyDeviceToHost),
-                      "download");
+    good =
+        good && ok(cudaMemcpy(tokens, d_tokens, (size_t)n * sizeof *tokens, cudaMemcpyDeviceToHost),
+                   "download");
     cudaFree(scratch);
     cudaFree(d_tokens);
     cudaFree(d_rows);
@@ -198,20 +197,20 @@ static bool run(const float *d_logits, int32_t n, int32_t n_vocab,
 /* Parameters that reach every path of the kernel (at 151,936; small vocabs turn big k off). */
 static const struct cllm_sample_row CONFIGS[] = {
     /* T, top_k, top_p, min_p, seed, counter */
-    {1.0f, 0, 1.0f, 0.0f, 1, 0},     /* plain softmax: one pass */
-    {0.7f, 20, 0.8f, 0.0f, 2, 0},    /* Qwen2.5's generation_config */
-    {1.0f, 50, 1.0f, 0.0f, 3, 0},    /* top-k */
-    {1.3f, 0, 0.9f, 0.0f, 4, 0},     /* top-p: gap histogram */
-    {1.0f, 0, 1.0f, 0.05f, 5, 0},    /* min-p alone */
-    {0.8f, 40, 0.95f, 0.02f, 6, 0},  /* all three */
-    {1.0f, 0, 0.5f, 0.1f, 7, 0},     /* top-p and min-p */
-    {1.5f, 1, 1.0f, 0.0f, 8, 0},     /* top-k 1: the max and its ties */
-    {2.0f, 20000, 1.0f, 0.0f, 9, 0}, /* k past shared memory: exact top-k */
-    {3.0f, 0, 0.99f, 0.0f, 10, 0},   /* a wide nucleus: exact top-p */
+    {1.0f, 0, 1.0f, 0.0f, 1, 0},      /* plain softmax: one pass */
+    {0.7f, 20, 0.8f, 0.0f, 2, 0},     /* Qwen2.5's generation_config */
+    {1.0f, 50, 1.0f, 0.0f, 3, 0},     /* top-k */
+    {1.3f, 0, 0.9f, 0.0f, 4, 0},      /* top-p: gap histogram */
+    {1.0f, 0, 1.0f, 0.05f, 5, 0},     /* min-p alone */
+    {0.8f, 40, 0.95f, 0.02f, 6, 0},   /* all three */
+    {1.0f, 0, 0.5f, 0.1f, 7, 0},      /* top-p and min-p */
+    {1.5f, 1, 1.0f, 0.0f, 8, 0},      /* top-k 1: the max and its ties */
+    {2.0f, 20000, 1.0f, 0.0f, 9, 0},  /* k past shared memory: exact top-k */
+    {3.0f, 0, 0.99f, 0.0f, 10, 0},    /* a wide nucleus: exact top-p */
     {1.0f, 30000, 0.9f, 0.0f, 11, 0}, /* exact top-k then top-p */
-    {0.05f, 0, 1.0f, 0.0f, 12, 0},   /* cold */
-    {1.0f, 0, 1e-6f, 0.0f, 13, 0},   /* top-p keeps the top token only */
-    {1.0f, 0, 1.0f, 1.0f, 14, 0},    /* min-p 1: the max and its ties */
+    {0.05f, 0, 1.0f, 0.0f, 12, 0},    /* cold */
+    {1.0f, 0, 1e-6f, 0.0f, 13, 0},    /* top-p keeps the top token only */
+    {1.0f, 0, 1.0f, 1.0f, 14, 0},     /* min-p 1: the max and its ties */
 };
 #define N_CONFIGS ((int)(sizeof CONFIGS / sizeof CONFIGS[0]))
 
@@ -235,7 +234,8 @@ static void test_shapes(void)
         for (int s = 0; s < 3; s++) {
             const int32_t n = ns[s];
             struct cllm_sample_row *rows = malloc((size_t)n * sizeof *rows);
-            int32_t *tok = malloc((size_t)n * sizeof *tok), *again = malloc((size_t)n * sizeof *again);
+            int32_t *tok = malloc((size_t)n * sizeof *tok),
+                    *again = malloc((size_t)n * sizeof *again);
             /* Greedy, with the filters set (greedy ignores them). */
             for (int32_t r = 0; r < n; r++) {
                 rows[r] = CONFIGS[r % N_CONFIGS];
@@ -308,8 +308,7 @@ static void test_edges(void)
         {{NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN}, {1, 0, 1, 0, 0, 0}, 0},
         {{NAN, -INFINITY, NAN, -INFINITY, NAN, NAN, NAN, NAN}, {0, 0, 1, 0, 0, 0}, 1},
         {{NAN, -INFINITY, NAN, -INFINITY, NAN, NAN, NAN, NAN}, {1, 5, 0.5f, 0.1f, 0, 0}, 0},
-        {{-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY,
-          -INFINITY},
+        {{-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY},
          {0.5f, 0, 1, 0, 0, 0},
          0},
         {{1, INFINITY, 2, INFINITY, 3, 0, 0, 0}, {1, 0, 1, 0, 0, 0}, 1},
@@ -317,11 +316,11 @@ static void test_edges(void)
         {{1, 5, 2, 5, 3, 0, NAN, 0}, {0, 0, 1, 0, 0, 0}, 1},
         {{-0.0f, 0.0f, -0.0f, 0.0f, -1, -1, -1, -1}, {0, 0, 1, 0, 0, 0}, 0},
         {{1, 2e30f, 2, 1e30f, 3, 0, 0, 0}, {1e-10f, 0, 1, 0, 0, 0}, 1}, /* x overflows */
-        {{1, 3, 2, 3, 3, 0, 0, 0}, {1, 1, 1, 0, 0, 0}, -1}, /* top-k 1 keeps the 3 ties */
-        {{1, 3, 2, 3, 3, 0, 0, 0}, {1, 0, 1, 1, 0, 0}, -1}, /* min-p 1 as well */
+        {{1, 3, 2, 3, 3, 0, 0, 0}, {1, 1, 1, 0, 0, 0}, -1},    /* top-k 1 keeps the 3 ties */
+        {{1, 3, 2, 3, 3, 0, 0, 0}, {1, 0, 1, 1, 0, 0}, -1},    /* min-p 1 as well */
         {{1, 3, 2, 3, 3, 0, 0, 0}, {1, 0, 0.25f, 0, 0, 0}, 1}, /* top-p: the run's lowest id */
-        {{1, 3, 2, 3, 3, 0, 0, 0}, {1, 8, 1, 0, 0, 0}, -1},   /* k = n_vocab: off */
-        {{1, 3, 2, 3, 3, 0, 0, 0}, {1, 100, 1, 0, 0, 0}, -1}, /* k > n_vocab: off */
+        {{1, 3, 2, 3, 3, 0, 0, 0}, {1, 8, 1, 0, 0, 0}, -1},    /* k = n_vocab: off */
+        {{1, 3, 2, 3, 3, 0, 0, 0}, {1, 100, 1, 0, 0, 0}, -1},  /* k > n_vocab: off */
     };
     const int n = (int)(sizeof cases / sizeof cases[0]);
     for (int c = 0; c < n; c++) {
@@ -354,8 +353,8 @@ static void test_edges(void)
         CHECK(cllm_cuda_sample(d, 0, NV, d_row, d_tok, NULL, 0, NULL) == cudaSuccess);
         CHECK(cllm_cuda_sample(d, -1, NV, d_row, d_tok, NULL, 0, NULL) == cudaErrorInvalidValue);
         CHECK(cllm_cuda_sample(d, 1, 0, d_row, d_tok, NULL, 0, NULL) == cudaErrorInvalidValue);
-        CHECK(cllm_cuda_sample(d, 1, CLLM_CUDA_SAMPLE_MAX_VOCAB + 1, d_row, d_tok, NULL, 0,
-                               NULL) == cudaErrorInvalidValue);
+        CHECK(cllm_cuda_sample(d, 1, CLLM_CUDA_SAMPLE_MAX_VOCAB + 1, d_row, d_tok, NULL, 0, NULL) ==
+              cudaErrorInvalidValue);
         CHECK(cudaGetLastError() == cudaSuccess);
     }
     cudaFree(d_tok);
@@ -416,8 +415,8 @@ static void check_frequencies(const char *what, const long *count, const double 
         kept += pg[g] > 0.0;
     }
     tvd *= 0.5;
-    const double bound = 0.5 * sqrt((double)kept / (double)draws) +
-                         sqrt(log(1e6) / (2.0 * (double)draws));
+    const double bound =
+        0.5 * sqrt((double)kept / (double)draws) + sqrt(log(1e6) / (2.0 * (double)draws));
     CHECKF(removed == 0, "%s: %ld draws of removed tokens", what, removed);
     CHECKF(tvd < bound, "%s: TVD %.4f over %d groups, bound %.4f", what, tvd, (int)kept, bound);
     free(pg);
@@ -489,9 +488,8 @@ static void test_frequencies(void)
             group[i] = bprobs[i] >= 1e-4 ? groups++ : 0;
         char what[96];
         snprintf(what, sizeof what, "vocab %d kind %d, T %g k %d p %g min_p %g", BIG_VOCAB,
-                 (int)bigcfg[c].kind, (double)bigcfg[c].cfg.temperature,
-                 (int)bigcfg[c].cfg.top_k, (double)bigcfg[c].cfg.top_p,
-                 (double)bigcfg[c].cfg.min_p);
+                 (int)bigcfg[c].kind, (double)bigcfg[c].cfg.temperature, (int)bigcfg[c].cfg.top_k,
+                 (double)bigcfg[c].cfg.top_p, (double)bigcfg[c].cfg.min_p);
         check_frequencies(what, bcount, bprobs, group, BIG_VOCAB, groups, DRAWS_BIG);
     }
     free(big);

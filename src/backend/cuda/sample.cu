@@ -91,12 +91,12 @@ static __device__ __forceinline__ float kval(uint32_t k)
 /* Sort key of token i: its key first, then the lower id. */
 static __device__ __forceinline__ uint64_t pack(uint32_t k, int32_t i)
 {
-    return (uint64_t)k << 32 | (uint32_t)~(uint32_t)i;
+    return (uint64_t)k << 32 | (uint32_t) ~(uint32_t)i;
 }
 
 static __device__ __forceinline__ int32_t unpack_id(uint64_t p)
 {
-    return (int32_t)~(uint32_t)p;
+    return (int32_t) ~(uint32_t)p;
 }
 
 /* The host's scaled logit: l / T in float, NaN as -inf. */
@@ -250,8 +250,8 @@ static __device__ uint32_t from_thread0(uint32_t v, struct block_state *st)
  * sum of the bin values reaches target; NONE when the total stays below it. *before gets the
  * sum of the bins walked before it, *total the sum of all. Values: v32 or, if NULL, v64. */
 static __device__ uint32_t find_bin(const uint32_t *v32, const uint64_t *v64, uint32_t n_bins,
-                                    bool desc, uint64_t target, uint64_t *before,
-                                    uint64_t *total, struct block_state *st)
+                                    bool desc, uint64_t target, uint64_t *before, uint64_t *total,
+                                    struct block_state *st)
 {
     const uint32_t per = (n_bins + THREADS - 1) / THREADS;
     const uint32_t lo = threadIdx.x * per < n_bins ? threadIdx.x * per : n_bins;
@@ -431,8 +431,8 @@ static __device__ int32_t draw_from_sums(const float *__restrict__ l, int32_t n,
 
 /* Top-p bound: per bin of max - x, the count of finite x (the last bin is left to the
  * caller: it would take most of a peaked row). Returns this thread's count of finite x. */
-static __device__ uint32_t pass_gap_hist(const float *__restrict__ l, int32_t n, float t,
-                                         float mx, uint32_t *hist)
+static __device__ uint32_t pass_gap_hist(const float *__restrict__ l, int32_t n, float t, float mx,
+                                         uint32_t *hist)
 {
     uint32_t fin = 0;
     struct hist_run run = {0, 0, 0};
@@ -547,22 +547,22 @@ static __device__ void pass_radix(const float *__restrict__ l, int32_t n, float 
 
 struct selection {
     bool found;
-    uint32_t key;        /* the sub-key where the running count / mass reaches the target */
-    uint64_t before;     /* count / mass of the sub-keys above it */
-    uint64_t eq_count;   /* elements with that sub-key */
-    uint64_t eq_mass;    /* their mass (with mass) */
-    uint64_t target;     /* the target reached */
+    uint32_t key;      /* the sub-key where the running count / mass reaches the target */
+    uint64_t before;   /* count / mass of the sub-keys above it */
+    uint64_t eq_count; /* elements with that sub-key */
+    uint64_t eq_mass;  /* their mass (with mass) */
+    uint64_t target;   /* the target reached */
 };
 
 /* MSB radix select, 11 + 11 + 10 bits, largest sub-key first: the sub-key at which the
  * running count (or with mass, fixed-point mass) reaches target. With top_p >= 0 the target is
  * instead ceil(top_p * the total mass), at least 1. */
-static __device__ __noinline__ struct selection radix_select(const float *__restrict__ l, int32_t n, float t,
-                                                float mx, bool by_id, uint32_t ref, bool mass,
-                                                uint64_t target, double top_p, double fix_one,
-                                                uint64_t *region, struct block_state *st)
+static __device__ __noinline__ struct selection
+radix_select(const float *__restrict__ l, int32_t n, float t, float mx, bool by_id, uint32_t ref,
+             bool mass, uint64_t target, double top_p, double fix_one, uint64_t *region,
+             struct block_state *st)
 {
-    uint32_t *cnt = (uint32_t *)region;             /* [2048] */
+    uint32_t *cnt = (uint32_t *)region;                /* [2048] */
     uint64_t *mass_hist = mass ? region + 1024 : NULL; /* [2048], after cnt */
     struct selection sel = {false, 0, 0, 0, 0, target};
     uint32_t prefix = 0;
@@ -641,9 +641,10 @@ struct row_rules {
 };
 
 /* Every rule by exact selects over the full row, then a draw pass. */
-static __device__ __noinline__ int32_t sample_exact(const float *__restrict__ l, int32_t n, float t, float mx,
-                                       const struct row_rules *r, double u, int32_t fallback,
-                                       uint64_t *region, struct block_state *st)
+static __device__ __noinline__ int32_t sample_exact(const float *__restrict__ l, int32_t n, float t,
+                                                    float mx, const struct row_rules *r, double u,
+                                                    int32_t fallback, uint64_t *region,
+                                                    struct block_state *st)
 {
     const int bits = 32 - __clz((unsigned)n);
     const double fix_one = ldexp(1.0, 62 - bits < 40 ? 62 - bits : 40); /* sums < 2^62 */
@@ -658,8 +659,8 @@ static __device__ __noinline__ int32_t sample_exact(const float *__restrict__ l,
         }
     }
     if (r->use_p) {
-        struct selection p = radix_select(l, n, t, mx, false, floor_key, true, 0, r->top_p,
-                                          fix_one, region, st);
+        struct selection p =
+            radix_select(l, n, t, mx, false, floor_key, true, 0, r->top_p, fix_one, region, st);
         if (p.found) {
             /* The mass reaches the target inside the run of x == kval(p.key), each of weight w:
              * the prefix keeps the m lowest ids of the run, the fewest that reach it. */
@@ -669,8 +670,8 @@ static __device__ __noinline__ int32_t sample_exact(const float *__restrict__ l,
                 uint64_t m = (p.target - p.before + w - 1) / w;
                 m = m < 1 ? 1 : m;
                 if (m < p.eq_count) {
-                    struct selection id = radix_select(l, n, t, mx, true, p.key, false, m, -1.0,
-                                                       fix_one, region, st);
+                    struct selection id =
+                        radix_select(l, n, t, mx, true, p.key, false, m, -1.0, fix_one, region, st);
                     cut = pack(p.key, n - 1 - (int32_t)id.key);
                 }
             }
@@ -761,8 +762,7 @@ static __device__ void chunk_of(uint32_t len, uint32_t *lo, uint32_t *hi)
     *hi = *lo + per < len ? *lo + per : len;
 }
 
-static __device__ double cand_sum(const uint64_t *c, uint32_t len, float mx,
-                                  struct block_state *st)
+static __device__ double cand_sum(const uint64_t *c, uint32_t len, float mx, struct block_state *st)
 {
     uint32_t lo, hi;
     chunk_of(len, &lo, &hi);
@@ -798,10 +798,10 @@ static __device__ int32_t cand_find(const uint64_t *c, uint32_t len, float mx, d
 
 /* Top-k, top-p and min-p: bound the survivors, gather them into shared memory, sort them and
  * apply the rules exactly; sample_exact when they do not fit. */
-static __device__ __noinline__ int32_t sample_filtered(const float *__restrict__ l, int32_t n, float t,
-                                          float mx, const struct row_rules *r, double u,
-                                          int32_t fallback, uint64_t *region, uint32_t cap,
-                                          struct block_state *st)
+static __device__ __noinline__ int32_t sample_filtered(const float *__restrict__ l, int32_t n,
+                                                       float t, float mx, const struct row_rules *r,
+                                                       double u, int32_t fallback, uint64_t *region,
+                                                       uint32_t cap, struct block_state *st)
 {
     if (!r->use_k && !r->use_p) { /* min-p alone: a threshold, no candidates needed */
         const uint64_t end = (uint64_t)r->km << 32;
@@ -810,15 +810,14 @@ static __device__ __noinline__ int32_t sample_filtered(const float *__restrict__
         pass_row(l, n, t, true, end, NULL, &m, &s);
         return draw_from_sums(l, n, t, mx, end, m, s, u, fallback, st);
     }
-    uint32_t bound;      /* the candidates are the finite x with key >= bound ... */
-    uint64_t count;      /* ... this many */
-    bool p_cut = false;  /* the bound is top-p's estimate, to be confirmed */
+    uint32_t bound;     /* the candidates are the finite x with key >= bound ... */
+    uint64_t count;     /* ... this many */
+    bool p_cut = false; /* the bound is top-p's estimate, to be confirmed */
     if (r->use_k) {
         /* pass_row counted the keys by their top bits: the bin holding the k-th largest. */
         const uint32_t *hist = (const uint32_t *)region;
         uint64_t before, total;
-        uint32_t b = find_bin(hist, NULL, KEY_BINS, true, (uint64_t)r->top_k, &before, &total,
-                              st);
+        uint32_t b = find_bin(hist, NULL, KEY_BINS, true, (uint64_t)r->top_k, &before, &total, st);
         bound = b == NONE ? KEY_FINITE_MIN : b << KEY_SHIFT;
         count = b == NONE ? total : before + hist[b];
     } else {
@@ -845,9 +844,8 @@ static __device__ __noinline__ int32_t sample_filtered(const float *__restrict__
         uint64_t upper = 0;
         for (uint32_t b = threadIdx.x; b < GAP_BINS; b += THREADS) {
             const double c = (double)hist[b];
-            const double lo_w = b == GAP_BINS - 1
-                                    ? 0.0
-                                    : exp(-(double)(b + 1) / GAP_PER_LOGIT) * (1.0 - 1e-5);
+            const double lo_w =
+                b == GAP_BINS - 1 ? 0.0 : exp(-(double)(b + 1) / GAP_PER_LOGIT) * (1.0 - 1e-5);
             const double hi_w = exp(-(double)b / GAP_PER_LOGIT) * (1.0 + 1e-5);
             lower[b] = (uint64_t)(c * lo_w * fix_one);
             upper += (uint64_t)ceil(c * hi_w * fix_one);
@@ -918,8 +916,8 @@ static __device__ __noinline__ int32_t sample_filtered(const float *__restrict__
 /* ---- the kernel ---- */
 
 static __device__ int32_t row_token(const float *__restrict__ l, int32_t n,
-                                    const struct cllm_sample_row *p, uint64_t *region,
-                                    uint32_t cap, struct block_state *st)
+                                    const struct cllm_sample_row *p, uint64_t *region, uint32_t cap,
+                                    struct block_state *st)
 {
     const bool greedy = !(p->temperature > 0.0f);
     const float t = greedy ? 1.0f : p->temperature;
@@ -968,8 +966,8 @@ static __global__ void __launch_bounds__(THREADS, 1)
     extern __shared__ uint64_t region[]; /* [cap] candidates, or a histogram */
     __shared__ struct block_state st;
     const struct cllm_sample_row p = rows[blockIdx.x];
-    const int32_t token = row_token(logits + (size_t)blockIdx.x * (size_t)n, n, &p, region, cap,
-                                    &st);
+    const int32_t token =
+        row_token(logits + (size_t)blockIdx.x * (size_t)n, n, &p, region, cap, &st);
     if (threadIdx.x == 0)
         tokens[blockIdx.x] = token;
 }
@@ -982,9 +980,8 @@ extern "C" size_t cllm_cuda_sample_scratch_bytes(int32_t n, int32_t n_vocab)
 }
 
 extern "C" cudaError_t cllm_cuda_sample(const float *logits, int32_t n, int32_t n_vocab,
-                                        const struct cllm_sample_row *rows_dev,
-                                        int32_t *tokens_dev, void *scratch, size_t scratch_bytes,
-                                        cudaStream_t stream)
+                                        const struct cllm_sample_row *rows_dev, int32_t *tokens_dev,
+                                        void *scratch, size_t scratch_bytes, cudaStream_t stream)
 {
     (void)scratch;
     (void)scratch_bytes;
@@ -1007,6 +1004,7 @@ extern "C" cudaError_t cllm_cuda_sample(const float *logits, int32_t n, int32_t 
     e = cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess)
         return e;
-    sample_kernel<<<(unsigned)n, THREADS, smem, stream>>>(logits, n_vocab, rows_dev, tokens_dev, cap);
+    sample_kernel<<<(unsigned)n, THREADS, smem, stream>>>(logits, n_vocab, rows_dev, tokens_dev,
+                                                          cap);
     return cudaGetLastError();
 }

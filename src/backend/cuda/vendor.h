@@ -8,7 +8,7 @@
  * mapping follows the MUSA SDK's naming (musa_runtime.h, musa_bf16.h, mublas.h: cuda* ->
  * musa*, cublas* -> mublas*) and must be checked on a real MUSA machine. The BF16 intrinsics
  * (__float2bfloat16_rn, __bfloat162float, ...) are assumed to keep their CUDA names in
- * musa_bf16.h. Every cuda*/cublas* name the .cu files use is mapped below (a grep over
+ * musa_bf16.h. Every cuda* and cublas* name the .cu files use is mapped below (a grep over
  * src/backend/cuda checks that); add one here whenever a file starts using a new API.
  */
 #ifndef CLLM_BACKEND_CUDA_VENDOR_H
