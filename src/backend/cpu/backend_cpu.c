@@ -74,35 +74,6 @@ static enum cllm_status cpu_copy(struct cllm_backend *be, void *dst, const void 
     return CLLM_OK;
 }
 
-static enum cllm_status cpu_weight_init(struct cllm_backend *be, const struct cllm_tensor *t,
-                                        struct cllm_weight *w, char *err, size_t err_len)
-{
-    (void)be;
-    memset(w, 0, sizeof *w);
-    if (t->n_dims > 2)
-        return cllm_fail(err, err_len, CLLM_ERR_UNSUPPORTED, "tensor %s has %d dimensions",
-                         t->name, t->n_dims);
-    w->host = t;
-    w->dtype = t->dtype;
-    w->ne[0] = t->ne[0];
-    w->ne[1] = t->n_dims == 2 ? t->ne[1] : 1;
-    w->data = t->data;
-    if (t->n_dims == 1 && t->dtype != CLLM_DTYPE_F32) {
-        /* Vectors (norms, biases) are read elementwise by the ops: widen them once. */
-        float *f = cllm_malloc_array((size_t)t->ne[0], sizeof *f);
-        if (!f)
-            return CLLM_ERR_NOMEM;
-        if (!cllm_dequant_row(t->dtype, t->data, f, t->ne[0])) {
-            free(f);
-            return cllm_fail(err, err_len, CLLM_ERR_FORMAT, "tensor %s: cannot convert %s",
-                             t->name, cllm_dtype_name(t->dtype));
-        }
-        w->data = f;
-        w->dtype = CLLM_DTYPE_F32;
-    }
-    return CLLM_OK;
-}
-
 /* Vectors only (biases): matrices are used in place from the mapping, and a stacked copy
  * would cost a pass over them at load for no speed-up on the CPU. */
 static enum cllm_status cpu_weight_init_stacked(struct cllm_backend *be,
@@ -132,6 +103,24 @@ static enum cllm_status cpu_weight_init_stacked(struct cllm_backend *be,
     w->dtype = CLLM_DTYPE_F32;
     w->ne[0] = total;
     w->ne[1] = 1;
+    return CLLM_OK;
+}
+
+static enum cllm_status cpu_weight_init(struct cllm_backend *be, const struct cllm_tensor *t,
+                                        struct cllm_weight *w, char *err, size_t err_len)
+{
+    memset(w, 0, sizeof *w);
+    if (t->n_dims > 2)
+        return cllm_fail(err, err_len, CLLM_ERR_UNSUPPORTED, "tensor %s has %d dimensions",
+                         t->name, t->n_dims);
+    /* Vectors (norms, biases) are read elementwise by the ops: widen them once. */
+    if (t->n_dims == 1 && t->dtype != CLLM_DTYPE_F32)
+        return cpu_weight_init_stacked(be, &t, 1, w, err, err_len);
+    w->host = t;
+    w->dtype = t->dtype;
+    w->ne[0] = t->ne[0];
+    w->ne[1] = t->n_dims == 2 ? t->ne[1] : 1;
+    w->data = t->data;
     return CLLM_OK;
 }
 
