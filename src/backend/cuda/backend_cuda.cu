@@ -121,8 +121,7 @@ static enum cllm_status cu_upload(struct cllm_backend *be, void *dst, const void
     if (!n)
         return CLLM_OK;
     TRY(use_device(c));
-    return check_cuda(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c->stream),
-                      "upload");
+    return check_cuda(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c->stream), "upload");
 }
 
 static enum cllm_status cu_download(struct cllm_backend *be, void *dst, const void *src, size_t n)
@@ -131,8 +130,7 @@ static enum cllm_status cu_download(struct cllm_backend *be, void *dst, const vo
     if (!n)
         return CLLM_OK;
     TRY(use_device(c));
-    return check_cuda(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, c->stream),
-                      "download");
+    return check_cuda(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, c->stream), "download");
 }
 
 static enum cllm_status cu_memzero(struct cllm_backend *be, void *dst, size_t n)
@@ -160,9 +158,9 @@ static enum cllm_status upload_bf16_rows(struct cuda *c, const struct cllm_tenso
 {
     int64_t cols = t->ne[0], rows = cllm_tensor_nrows(t);
     if (t->dtype == CLLM_DTYPE_BF16) /* the file's bytes are the device's */
-        return check_cuda(cudaMemcpy(dst, t->data, (size_t)(cols * rows) * 2,
-                                     cudaMemcpyHostToDevice),
-                          "weight upload");
+        return check_cuda(
+            cudaMemcpy(dst, t->data, (size_t)(cols * rows) * 2, cudaMemcpyHostToDevice),
+            "weight upload");
     int64_t per_chunk = (int64_t)(STAGING_BYTES / ((size_t)cols * 2));
     if (per_chunk < 1)
         return cllm_fail(err, err_len, CLLM_ERR_UNSUPPORTED, "tensor %s: rows of %lld are too long",
@@ -173,11 +171,11 @@ static enum cllm_status upload_bf16_rows(struct cuda *c, const struct cllm_tenso
     for (int64_t r0 = 0; r0 < rows; r0 += per_chunk) {
         int64_t n = rows - r0 < per_chunk ? rows - r0 : per_chunk;
         if (!cllm_convert_rows_bf16(t, r0, n, stage, threads))
-            return cllm_fail(err, err_len, CLLM_ERR_FORMAT, "tensor %s: cannot convert %s",
-                             t->name, cllm_dtype_name(t->dtype));
-        TRY(check_cuda(cudaMemcpy(dst + r0 * cols, stage, (size_t)(n * cols) * 2,
-                                  cudaMemcpyHostToDevice),
-                       "weight upload"));
+            return cllm_fail(err, err_len, CLLM_ERR_FORMAT, "tensor %s: cannot convert %s", t->name,
+                             cllm_dtype_name(t->dtype));
+        TRY(check_cuda(
+            cudaMemcpy(dst + r0 * cols, stage, (size_t)(n * cols) * 2, cudaMemcpyHostToDevice),
+            "weight upload"));
     }
     return CLLM_OK;
 }
@@ -194,17 +192,16 @@ static enum cllm_status upload_f32_vector(const struct cllm_tensor *t, float *ds
         st = cllm_fail(err, err_len, CLLM_ERR_FORMAT, "tensor %s: cannot convert %s", t->name,
                        cllm_dtype_name(t->dtype));
     else
-        st = check_cuda(cudaMemcpy(dst, f, (size_t)t->ne[0] * sizeof(float),
-                                   cudaMemcpyHostToDevice),
-                        "vector upload");
+        st =
+            check_cuda(cudaMemcpy(dst, f, (size_t)t->ne[0] * sizeof(float), cudaMemcpyHostToDevice),
+                       "vector upload");
     free(f);
     return st;
 }
 
 static enum cllm_status cu_weight_init_stacked(struct cllm_backend *be,
-                                               const struct cllm_tensor *const *parts,
-                                               int n_parts, struct cllm_weight *w, char *err,
-                                               size_t err_len)
+                                               const struct cllm_tensor *const *parts, int n_parts,
+                                               struct cllm_weight *w, char *err, size_t err_len)
 {
     struct cuda *c = cuda_of(be);
     memset(w, 0, sizeof *w);
@@ -262,20 +259,15 @@ static void cu_weight_free(struct cllm_backend *be, struct cllm_weight *w)
 
 /* --- ops --- */
 
-static enum cllm_status launched(cudaError_t e, const char *what)
-{
-    return check_cuda(e, what);
-}
-
 static enum cllm_status cu_embed(struct cllm_backend *be, const struct cllm_weight *embd,
                                  const int32_t *tokens, int32_t n, float *out)
 {
     struct cuda *c = cuda_of(be);
     if (embd->dtype != CLLM_DTYPE_BF16)
         return CLLM_ERR_INVALID_ARG;
-    return launched(cllm_cuda_embed((const __nv_bfloat16 *)embd->data, embd->ne[1],
-                                    (int32_t)embd->ne[0], tokens, n, out, c->stream),
-                    "embed");
+    return check_cuda(cllm_cuda_embed((const __nv_bfloat16 *)embd->data, embd->ne[1],
+                                      (int32_t)embd->ne[0], tokens, n, out, c->stream),
+                      "embed");
 }
 
 static enum cllm_status cu_rmsnorm(struct cllm_backend *be, const float *x,
@@ -283,9 +275,9 @@ static enum cllm_status cu_rmsnorm(struct cllm_backend *be, const float *x,
                                    void *out)
 {
     struct cuda *c = cuda_of(be);
-    return launched(cllm_cuda_rmsnorm(NULL, x, (const float *)w->data, eps, n, dim,
-                                      (__nv_bfloat16 *)out, c->stream),
-                    "rmsnorm");
+    return check_cuda(cllm_cuda_rmsnorm(NULL, x, (const float *)w->data, eps, n, dim,
+                                        (__nv_bfloat16 *)out, c->stream),
+                      "rmsnorm");
 }
 
 static enum cllm_status cu_add_rmsnorm(struct cllm_backend *be, float *res, const float *x,
@@ -293,9 +285,9 @@ static enum cllm_status cu_add_rmsnorm(struct cllm_backend *be, float *res, cons
                                        int32_t dim, void *out)
 {
     struct cuda *c = cuda_of(be);
-    return launched(cllm_cuda_rmsnorm(res, x, (const float *)w->data, eps, n, dim,
-                                      (__nv_bfloat16 *)out, c->stream),
-                    "add_rmsnorm");
+    return check_cuda(cllm_cuda_rmsnorm(res, x, (const float *)w->data, eps, n, dim,
+                                        (__nv_bfloat16 *)out, c->stream),
+                      "add_rmsnorm");
 }
 
 static enum cllm_status cu_matmul(struct cllm_backend *be, const struct cllm_weight *w,
@@ -317,13 +309,13 @@ static enum cllm_status cu_matmul(struct cllm_backend *be, const struct cllm_wei
                    "cublasGemmEx"));
     if (!bias)
         return CLLM_OK;
-    return launched(cllm_cuda_add_bias(y, ldy, (const float *)bias->data, n, N, c->stream),
-                    "add_bias");
+    return check_cuda(cllm_cuda_add_bias(y, ldy, (const float *)bias->data, n, N, c->stream),
+                      "add_bias");
 }
 
 static struct cllm_cuda_batch batch_of(const struct cllm_attn_batch *b)
 {
-    struct cllm_cuda_batch d = {b->n_tokens,   b->pos,        b->seq,    b->slot,
+    struct cllm_cuda_batch d = {b->n_tokens,    b->pos,        b->seq,        b->slot,
                                 b->block_table, b->max_blocks, b->block_size, b->max_len};
     return d;
 }
@@ -346,11 +338,10 @@ static enum cllm_status cu_qkv_rope_store(struct cllm_backend *be, const struct 
         c->freqs_head_dim = hd;
     }
     struct cllm_cuda_batch d = batch_of(b);
-    return launched(cllm_cuda_qkv_rope_store(&d, &c->freqs, qkv, ld,
-                                             bias ? (const float *)bias->data : NULL, n_head,
-                                             n_kv, hd, (__nv_bfloat16 *)k_cache,
-                                             (__nv_bfloat16 *)v_cache, c->stream),
-                    "qkv_rope_store");
+    return check_cuda(cllm_cuda_qkv_rope_store(
+                          &d, &c->freqs, qkv, ld, bias ? (const float *)bias->data : NULL, n_head,
+                          n_kv, hd, (__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache, c->stream),
+                      "qkv_rope_store");
 }
 
 static enum cllm_status cu_attention(struct cllm_backend *be, const struct cllm_attn_batch *b,
@@ -362,10 +353,10 @@ static enum cllm_status cu_attention(struct cllm_backend *be, const struct cllm_
     if (!cllm_cuda_attention_supported(n_head, n_kv, head_dim) || ldq < n_head * head_dim)
         return CLLM_ERR_INVALID_ARG;
     struct cllm_cuda_batch d = batch_of(b);
-    return launched(cllm_cuda_attention(&d, q, ldq, (const __nv_bfloat16 *)k_cache,
-                                        (const __nv_bfloat16 *)v_cache, n_head, n_kv, head_dim,
-                                        scale, scratch, (__nv_bfloat16 *)out, c->stream),
-                    "attention");
+    return check_cuda(cllm_cuda_attention(&d, q, ldq, (const __nv_bfloat16 *)k_cache,
+                                          (const __nv_bfloat16 *)v_cache, n_head, n_kv, head_dim,
+                                          scale, scratch, (__nv_bfloat16 *)out, c->stream),
+                      "attention");
 }
 
 static size_t cu_attention_scratch(struct cllm_backend *be, int32_t n_tokens, int32_t n_head,
@@ -379,15 +370,15 @@ static enum cllm_status cu_silu_mul(struct cllm_backend *be, const float *gate_u
                                     int32_t dim, void *out)
 {
     struct cuda *c = cuda_of(be);
-    return launched(cllm_cuda_silu_mul(gate_up, n, dim, (__nv_bfloat16 *)out, c->stream),
-                    "silu_mul");
+    return check_cuda(cllm_cuda_silu_mul(gate_up, n, dim, (__nv_bfloat16 *)out, c->stream),
+                      "silu_mul");
 }
 
-static enum cllm_status cu_gather_rows(struct cllm_backend *be, const float *x,
-                                       const int32_t *idx, int32_t n_idx, int32_t dim, float *out)
+static enum cllm_status cu_gather_rows(struct cllm_backend *be, const float *x, const int32_t *idx,
+                                       int32_t n_idx, int32_t dim, float *out)
 {
     struct cuda *c = cuda_of(be);
-    return launched(cllm_cuda_gather_rows(x, idx, n_idx, dim, out, c->stream), "gather_rows");
+    return check_cuda(cllm_cuda_gather_rows(x, idx, n_idx, dim, out, c->stream), "gather_rows");
 }
 
 /* --- sampling --- */
@@ -432,9 +423,9 @@ static enum cllm_status cu_sample(struct cllm_backend *be, const float *logits, 
     TRY(check_cuda(cudaMemcpyAsync(c->rows_dev, rows, (size_t)n * sizeof *rows,
                                    cudaMemcpyHostToDevice, c->stream),
                    "upload (sampling rows)"));
-    TRY(launched(cllm_cuda_sample(logits, n, n_vocab, c->rows_dev, c->tokens_dev,
-                                  c->sample_scratch, c->sample_scratch_size, c->stream),
-                 "sample"));
+    TRY(check_cuda(cllm_cuda_sample(logits, n, n_vocab, c->rows_dev, c->tokens_dev,
+                                    c->sample_scratch, c->sample_scratch_size, c->stream),
+                   "sample"));
     TRY(check_cuda(cudaMemcpyAsync(c->tokens_host, c->tokens_dev, (size_t)n * sizeof(int32_t),
                                    cudaMemcpyDeviceToHost, c->stream),
                    "download (tokens)"));
@@ -442,8 +433,8 @@ static enum cllm_status cu_sample(struct cllm_backend *be, const float *logits, 
     memcpy(tokens, c->tokens_host, (size_t)n * sizeof(int32_t));
     for (int32_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= n_vocab) {
-            cllm_log(CLLM_LOG_ERROR, "cuda: the sampler returned token %d of %d",
-                     (int)tokens[i], (int)n_vocab);
+            cllm_log(CLLM_LOG_ERROR, "cuda: the sampler returned token %d of %d", (int)tokens[i],
+                     (int)n_vocab);
             return CLLM_ERR_DEVICE;
         }
     return CLLM_OK;
@@ -579,7 +570,8 @@ extern "C" enum cllm_status cllm_backend_cuda_new(struct cllm_backend **out, int
     if (e == cudaSuccess)
         step = "cudaStreamCreate", e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (e == cudaSuccess)
-        step = "cudaMalloc (BLAS workspace)", e = cudaMalloc(&c->blas_workspace, BLAS_WORKSPACE_BYTES);
+        step = "cudaMalloc (BLAS workspace)",
+        e = cudaMalloc(&c->blas_workspace, BLAS_WORKSPACE_BYTES);
     if (e == cudaSuccess)
         step = "cudaMallocHost (staging)", e = cudaMallocHost(&c->staging, STAGING_BYTES);
     if (e != cudaSuccess) {
