@@ -1,6 +1,7 @@
 /* Runs the launchers of kernels.cu / attention.cu under the CPU emulator against cpu/ref.c,
  * mirroring tests/gpu/test_gpu_ops.c (test_embed_norm_silu, test_attention). Host memory
  * stands in for device memory. */
+#include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 extern "C" {
 #include "backend/cpu/ref.h"
@@ -286,6 +287,53 @@ static void test_decode(int32_t n_head, int32_t n_kv, int32_t hd, int32_t L)
     }
 }
 
+/* The batch-invariant GEMM: close to the exact product, and every token's row bit-identical
+ * whatever else shares its step (n from 1 to n_max, the token at any position, the skinny and
+ * the tiled kernel alike). */
+static void test_gemm(int32_t N, int32_t K, int32_t n_max, bool with_bias)
+{
+    printf("gemm N=%d K=%d n<=%d bias=%d slices=%d\n", N, K, n_max, with_bias, cllm_cuda_gemm_slices(N, K));
+    std::vector<float> wf = randv((int64_t)N * K, 1.0f), xf = randv((int64_t)n_max * K, 2.0f), bias = randv(N, 1.0f);
+    std::vector<__nv_bfloat16> w(wf.size()), x(xf.size());
+    for (size_t i = 0; i < w.size(); i++) w[i].__x = cllm_f32_to_bf16(wf[i]);
+    for (size_t i = 0; i < x.size(); i++) x[i].__x = cllm_f32_to_bf16(xf[i]);
+    const int32_t ldy = N + 3;
+    const float *b = with_bias ? bias.data() : NULL;
+    std::vector<float> y_all((size_t)n_max * ldy, -7.0f);
+    CHECK(cllm_cuda_gemm(w.data(), b, N, K, x.data(), n_max, y_all.data(), ldy, 0) == cudaSuccess);
+    int64_t bad = 0;
+    for (int32_t t = 0; t < n_max; t++) {
+        for (int32_t i = 0; i < N; i++) {
+            double exact = with_bias ? bias[i] : 0.0, mag = fabs(exact);
+            for (int32_t k = 0; k < K; k++) {
+                double p = (double)wf[(size_t)i * K + k] * xf[(size_t)t * K + k];
+                exact += p, mag += fabs(p);
+            }
+            /* F32 accumulation: a few units of 2^-24 per term at most */
+            if (!(fabs(y_all[(size_t)t * ldy + i] - exact) <= 1e-6 * mag * (1 + K / 64) + 1e-30)) bad++;
+        }
+        for (int32_t i = N; i < ldy; i++)
+            if (y_all[(size_t)t * ldy + i] != -7.0f) bad++;
+    }
+    CHECKF(bad == 0, "gemm N=%d K=%d: %lld elements off the exact product or written past N", N, K, (long long)bad);
+
+    /* Subsets of the tokens, in a scrambled order, against the full run bit for bit. */
+    const int32_t sizes[] = {1, 2, 5, 8, 9, 16, 17, 31, 32, 33, 63, 64, 65, n_max};
+    for (int32_t n : sizes) {
+        if (n > n_max) continue;
+        std::vector<int32_t> pick(n);
+        for (int32_t i = 0; i < n; i++) pick[i] = (int32_t)(((int64_t)i * 37 + n * 11) % n_max);
+        std::vector<__nv_bfloat16> xs((size_t)n * K);
+        for (int32_t i = 0; i < n; i++) memcpy(&xs[(size_t)i * K], &x[(size_t)pick[i] * K], (size_t)K * 2);
+        std::vector<float> ys((size_t)n * ldy, -7.0f);
+        CHECK(cllm_cuda_gemm(w.data(), b, N, K, xs.data(), n, ys.data(), ldy, 0) == cudaSuccess);
+        int32_t differ = 0;
+        for (int32_t i = 0; i < n; i++)
+            differ += memcmp(&ys[(size_t)i * ldy], &y_all[(size_t)pick[i] * ldy], (size_t)N * 4) != 0;
+        CHECKF(differ == 0, "gemm N=%d K=%d: %d of %d tokens differ from the same tokens in a step of %d", N, K, differ, n, n_max);
+    }
+}
+
 int main(int argc, char **argv)
 {
     int which = argc > 1 ? atoi(argv[1]) : -1;
@@ -303,6 +351,17 @@ int main(int argc, char **argv)
     if (which < 0 || which == 5) test_attention(6, 1, 128, lens_b, 3);  /* group 6, split */
     if (which < 0 || which == 6) test_decode(4, 2, 64, 4700);
     if (which < 0 || which == 7) test_decode(6, 1, 128, 4700);
+    if (which < 0 || which == 8) {
+        test_gemm(40, 72, 70, true);     /* K not a multiple of 32, N not of 16, one slice */
+        test_gemm(300, 1024, 70, false); /* several slices, two token tiles */
+        test_gemm(136, 520, 33, true);   /* skinny's largest tile and the tiled kernel at 33 */
+    }
+    /* refused operands */
+    std::vector<__nv_bfloat16> w8(64), x8(64);
+    std::vector<float> y8(64);
+    CHECK(cllm_cuda_gemm(w8.data(), NULL, 4, 12, x8.data(), 2, y8.data(), 4, 0) == cudaErrorInvalidValue); /* K % 8 */
+    CHECK(cllm_cuda_gemm(w8.data() + 1, NULL, 4, 8, x8.data(), 2, y8.data(), 4, 0) == cudaErrorInvalidValue); /* alignment */
+    CHECK(cllm_cuda_gemm(w8.data(), NULL, 4, 8, x8.data(), 2, y8.data(), 3, 0) == cudaErrorInvalidValue);     /* ldy < N */
     printf("%d checks, %d failed\n", checks, fails);
     return fails != 0;
 }

@@ -257,6 +257,45 @@ static void test_matmul(int32_t K, int32_t N, int32_t n)
     free_weight(&w), free_weight(&w2), free_weight(&b);
 }
 
+/* Batch invariance of the GEMM: each token's row of y is bit-identical whatever else shares
+ * its step (subsets of 1 to 300 tokens, in a scrambled order), across the skinny and the tiled
+ * kernel (DESIGN.md: a prompt's greedy output must not depend on the batch). */
+static void test_matmul_invariance(int32_t K, int32_t N)
+{
+    const int32_t n_max = 300;
+    struct wpair w, b;
+    make_weight(&w, K, N, 0.05f);
+    make_weight(&b, N, 1, 1.0f);
+    float *x = randv((int64_t)n_max * K, 1.0f);
+    uint16_t *xb = malloc((size_t)n_max * K * 2), *xs = malloc((size_t)n_max * K * 2);
+    for (int64_t i = 0; i < (int64_t)n_max * K; i++)
+        xb[i] = cllm_f32_to_bf16(x[i]);
+    void *x_d = dev_upload(xb, (size_t)n_max * K * 2), *y_d = dev_poisoned((size_t)n_max * N * 4);
+    CHECK(G->matmul(gpu, &w.g, &b.g, x_d, n_max, y_d, N) == CLLM_OK);
+    float *y_all = download_f32(y_d, (int64_t)n_max * N);
+    const int32_t sizes[] = {1, 2, 7, 8, 9, 16, 17, 24, 32, 33, 64, 65, 128, 200};
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        int32_t n = sizes[si], differ = 0;
+        int32_t *pick = malloc((size_t)n * 4);
+        for (int32_t i = 0; i < n; i++) {
+            pick[i] = (int32_t)(((int64_t)i * 37 + n * 11) % n_max);
+            memcpy(xs + (int64_t)i * K, xb + (int64_t)pick[i] * K, (size_t)K * 2);
+        }
+        void *xs_d = dev_upload(xs, (size_t)n * K * 2), *ys_d = dev_poisoned((size_t)n * N * 4);
+        CHECK(G->matmul(gpu, &w.g, &b.g, xs_d, n, ys_d, N) == CLLM_OK);
+        float *ys = download_f32(ys_d, (int64_t)n * N);
+        for (int32_t i = 0; i < n; i++)
+            differ += memcmp(ys + (int64_t)i * N, y_all + (int64_t)pick[i] * N, (size_t)N * 4) != 0;
+        CHECKF(differ == 0, "matmul %dx%d: %d of %d tokens differ from a step of %d", (int)N,
+               (int)K, (int)differ, (int)n, (int)n_max);
+        G->dealloc(gpu, xs_d), G->dealloc(gpu, ys_d);
+        free(pick), free(ys);
+    }
+    G->dealloc(gpu, x_d), G->dealloc(gpu, y_d);
+    free(x), free(xb), free(xs), free(y_all);
+    free_weight(&w), free_weight(&b);
+}
+
 /* Sequences of the given lengths, all their tokens in one step, over shuffled blocks: bias +
  * RoPE + KV store, then attention; a padding row at the end writes nothing. The last token
  * of each sequence is then run alone, and must give the same bits (batch invariance). */
@@ -453,6 +492,9 @@ int main(void)
     int32_t shapes[][3] = {{1536, 1536, 1}, {1536, 2048, 7}, {8960, 1536, 64}, {1536, 17920, 300}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         test_matmul(shapes[i][0], shapes[i][1], shapes[i][2]);
+    test_matmul_invariance(1536, 2048); /* QKV of Qwen2.5-1.5B: many slices */
+    test_matmul_invariance(8960, 1536); /* down projection */
+    test_matmul_invariance(1536, 8960); /* one slice */
     int32_t lens_a[] = {1, 17, 300};
     int32_t lens_b[] = {5000, 2, 700}; /* 5000: split over several blocks */
     test_attention(12, 2, 128, lens_a, 3); /* Qwen2.5-1.5B */

@@ -6,8 +6,10 @@
  * (norms, biases) as F32. Activations that feed a GEMM are BF16 (act_dtype), the residual
  * stream and GEMM outputs F32, the KV cache BF16.
  *
- * GEMMs go to cuBLAS (BF16 inputs, F32 accumulate and output); the other ops are our kernels
- * (kernels.cu, attention.cu, sample.cu). Every op only queues work on the stream, so a whole
+ * GEMMs (BF16 inputs, F32 accumulate and output) go to our batch-invariant kernel (gemm.cu),
+ * so that a token's result never depends on the rest of its step; cuBLAS takes the operands that
+ * kernel refuses (K not a multiple of 8, a vendor without MMA) and every GEMM when CLLM_CUBLAS=1
+ * is set, for comparison. The other ops are our kernels (kernels.cu, attention.cu, sample.cu). Every op only queues work on the stream, so a whole
  * decode step can be recorded once into a CUDA graph and replayed (graph_begin/graph_end).
  *
  * Errors: every CUDA and cuBLAS call is checked; a failure is logged with the call that made
@@ -21,6 +23,7 @@
 #include <unistd.h>
 
 #include "backend/cuda/backend_cuda.h"
+#include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/sample.h"
 
@@ -47,6 +50,7 @@ struct cuda {
     cudaStream_t stream;
     cublasHandle_t blas;
     void *blas_workspace;
+    bool cublas_only; /* CLLM_CUBLAS=1: every GEMM through cuBLAS (not batch-invariant) */
     void *staging; /* pinned, STAGING_BYTES */
     /* device sampling */
     struct cllm_sample_row *rows_dev;
@@ -301,16 +305,20 @@ static enum cllm_status cu_matmul(struct cllm_backend *be, const struct cllm_wei
     if (n <= 0)
         return CLLM_OK;
     int K = (int)w->ne[0], N = (int)w->ne[1];
+    const float *b = bias ? (const float *)bias->data : NULL;
+    if (!c->cublas_only && cllm_cuda_gemm_supported(w->data, x, K))
+        return check_cuda(cllm_cuda_gemm((const __nv_bfloat16 *)w->data, b, N, K,
+                                         (const __nv_bfloat16 *)x, n, y, ldy, c->stream),
+                          "gemm");
     const float alpha = 1.0f, beta = 0.0f;
     /* Column-major view: Y^T [N x n] = W [K x N]^T * X^T [K x n]. */
     TRY(check_blas(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &alpha, w->data,
                                 CUDA_R_16BF, K, x, CUDA_R_16BF, K, &beta, y, CUDA_R_32F, ldy,
                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                    "cublasGemmEx"));
-    if (!bias)
+    if (!b)
         return CLLM_OK;
-    return check_cuda(cllm_cuda_add_bias(y, ldy, (const float *)bias->data, n, N, c->stream),
-                      "add_bias");
+    return check_cuda(cllm_cuda_add_bias(y, ldy, b, n, N, c->stream), "add_bias");
 }
 
 static struct cllm_cuda_batch batch_of(const struct cllm_attn_batch *b)
@@ -592,11 +600,14 @@ extern "C" enum cllm_status cllm_backend_cuda_new(struct cllm_backend **out, int
         cu_free(&c->be);
         return CLLM_ERR_DEVICE;
     }
+    const char *cublas_env = getenv("CLLM_CUBLAS");
+    c->cublas_only = cublas_env && strcmp(cublas_env, "1") == 0;
     struct cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, device) == cudaSuccess)
-        cllm_log(CLLM_LOG_INFO, "cuda: device %d: %s, %d SMs, %.1f GiB, compute %d.%d", (int)device,
-                 prop.name, prop.multiProcessorCount, (double)prop.totalGlobalMem / (1 << 30),
-                 prop.major, prop.minor);
+        cllm_log(CLLM_LOG_INFO, "cuda: device %d: %s, %d SMs, %.1f GiB, compute %d.%d, GEMM: %s",
+                 (int)device, prop.name, prop.multiProcessorCount,
+                 (double)prop.totalGlobalMem / (1 << 30), prop.major, prop.minor,
+                 c->cublas_only ? "cuBLAS (CLLM_CUBLAS=1, not batch-invariant)" : "batch-invariant");
     *out = &c->be;
     return CLLM_OK;
 }

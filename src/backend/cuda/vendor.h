@@ -92,6 +92,20 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+/* The tensor-core instruction gemm.cu is built on: d += a * b for one 16 x 8 x 16 tile (BF16
+ * in, F32 accumulate), each lane holding its fragments as the PTX ISA lays them out for
+ * mma.m16n8k16 (a: 4 registers of 2 BF16, b: 2, d: 4 floats). sm_80 and later. A MUSA build
+ * has no PTX: it leaves CLLM_HAVE_MMA undefined and the backend uses the vendor BLAS. */
+#define CLLM_HAVE_MMA 1
+static __device__ __forceinline__ void cllm_mma_bf16_16816(float d[4], const unsigned a[4],
+                                                           const unsigned b[2])
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
 #endif
 
 #endif

@@ -137,6 +137,8 @@ static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4);
 static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 static inline unsigned long long __double2ull_rn(double d) { return (unsigned long long)nearbyint(d); }
 
+template <class T> static inline T __ldg(const T *p) { return *p; }
+
 using std::isfinite;
 using std::isnan;
 

@@ -1,0 +1,292 @@
+/*
+ * Batch-invariant BF16 GEMM on tensor cores: the formula both kernels compute is in gemm.h.
+ *
+ * Operand order. An m16n8k16 MMA sums over 16 K positions, and which K index a lane's
+ * register holds is ours to choose as long as A (W rows) and B (tokens) agree. Lane
+ * (g = lane / 4, q = lane % 4) loads 8 consecutive BF16 (16 bytes) at k = chunk start + 8q from
+ * W rows g and g + 8 and from token g; the chunk's first MMA takes elements 0..3 of those
+ * loads and its second 4..7. So operands go from one 16-byte load (global or shared memory)
+ * straight into the MMA with no shuffles, and W streams at full vector width.
+ */
+#include "backend/cuda/vendor.h"
+
+#include "backend/cuda/gemm.h"
+
+#define CHUNK 32         /* K elements per step: two MMAs */
+#define VECS (CHUNK / 8) /* 16-byte vectors per row and chunk */
+#define MAX_SLICES 16
+#define MIN_SLICE_CHUNKS 4
+/* Skinny warps that keep enough loads in flight to saturate HBM (~4 KB each, ~8 MB in all:
+ * bandwidth x latency on an H100/H200 is about 6 MB). */
+#define TARGET_WARPS 2048
+
+#define TILE_M 128 /* tiled kernel: W rows per block */
+#define TILE_N 64  /* tokens per block */
+#define WARP_M 32  /* each warp: 32 rows (2 MMA tiles) x 32 tokens (4 MMA tiles) */
+#define WARP_N 32
+#define WARPS_M (TILE_M / WARP_M)
+#define TILED_THREADS (WARPS_M * (TILE_N / WARP_N) * 32)
+#define TILED_LOADS ((TILE_M + TILE_N) * VECS / TILED_THREADS) /* vectors per thread and chunk */
+
+int32_t cllm_cuda_gemm_slices(int32_t N, int32_t K)
+{
+    int64_t tiles = ((int64_t)N + 15) / 16, chunks = ((int64_t)K + CHUNK - 1) / CHUNK;
+    int64_t s = tiles > 0 ? (TARGET_WARPS + tiles - 1) / tiles : 1;
+    if (s > MAX_SLICES)
+        s = MAX_SLICES;
+    if (s > chunks / MIN_SLICE_CHUNKS)
+        s = chunks / MIN_SLICE_CHUNKS;
+    return s < 1 ? 1 : (int32_t)s;
+}
+
+#ifdef CLLM_HAVE_MMA
+
+static_assert((TILE_M + TILE_N) * VECS % TILED_THREADS == 0, "tiles load evenly");
+
+int cllm_cuda_gemm_supported(const void *w, const void *x, int32_t K)
+{
+    return K > 0 && K % 8 == 0 && (uintptr_t)w % 16 == 0 && (uintptr_t)x % 16 == 0;
+}
+
+/* 8 BF16 of row at k, zeros past K or for a missing row (the K tail and the edge tiles). */
+static __device__ __forceinline__ uint4 load_vec(const __nv_bfloat16 *row, int32_t k, int32_t K)
+{
+    if (!row || k >= K)
+        return make_uint4(0, 0, 0, 0);
+    return __ldg((const uint4 *)(row + k));
+}
+
+/* acc += one chunk of a 16 x 8 tile: w_lo / w_hi are the lane's vectors of rows g and g + 8,
+ * xv its token's (see the top of the file). */
+static __device__ __forceinline__ void mma_chunk(float acc[4], uint4 w_lo, uint4 w_hi, uint4 xv)
+{
+    const unsigned a0[4] = {w_lo.x, w_hi.x, w_lo.y, w_hi.y}, b0[2] = {xv.x, xv.y};
+    cllm_mma_bf16_16816(acc, a0, b0);
+    const unsigned a1[4] = {w_lo.z, w_hi.z, w_lo.w, w_hi.w}, b1[2] = {xv.z, xv.w};
+    cllm_mma_bf16_16816(acc, a1, b1);
+}
+
+/* First chunk of slice s when `chunks` chunks are split S ways: the one split both kernels use. */
+static __device__ __forceinline__ int32_t slice_start(int32_t s, int32_t chunks, int32_t S)
+{
+    return (int32_t)((int64_t)s * chunks / S);
+}
+
+/* Element e of a lane's accumulator sits at this row and token of its 16 x 8 tile. */
+static __device__ __forceinline__ int32_t acc_row(int lane, int e)
+{
+    return lane / 4 + (e >= 2 ? 8 : 0);
+}
+static __device__ __forceinline__ int32_t acc_tok(int lane, int e)
+{
+    return (lane % 4) * 2 + (e & 1);
+}
+
+/* Decode steps (n <= 8 NT tokens): block = 16 rows of W, warp s = slice s. Each warp streams
+ * its part of the 16 rows once and applies it to every token; the slices meet in shared memory
+ * and are summed in slice order. */
+template <int NT>
+static __global__ void __launch_bounds__(MAX_SLICES * 32)
+    gemm_skinny(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K,
+                const __nv_bfloat16 *x, int32_t n, float *y, int32_t ldy, int32_t S)
+{
+    constexpr int UNROLL = NT <= 2 ? 4 : 2;       /* chunks whose loads are issued together */
+    __shared__ float part[MAX_SLICES][NT][4][32]; /* [slice][token tile][element][lane] */
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+    const int32_t row0 = (int32_t)blockIdx.x * 16, chunks = (K + CHUNK - 1) / CHUNK;
+    const int32_t c0 = slice_start(warp, chunks, S), c1 = slice_start(warp + 1, chunks, S);
+    const __nv_bfloat16 *w_lo = row0 + g < N ? w + (int64_t)(row0 + g) * K : NULL;
+    const __nv_bfloat16 *w_hi = row0 + g + 8 < N ? w + (int64_t)(row0 + g + 8) * K : NULL;
+    const __nv_bfloat16 *xr[NT];
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        xr[j] = j * 8 + g < n ? x + (int64_t)(j * 8 + g) * K : NULL;
+        acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    }
+    for (int32_t c = c0; c < c1; c += UNROLL) {
+        uint4 vl[UNROLL], vh[UNROLL], vx[UNROLL][NT];
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            const bool in = c + u < c1;
+            const int32_t k = (c + u) * CHUNK + q * 8;
+            vl[u] = load_vec(in ? w_lo : NULL, k, K);
+            vh[u] = load_vec(in ? w_hi : NULL, k, K);
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+                vx[u][j] = load_vec(in ? xr[j] : NULL, k, K);
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            if (c + u >= c1) /* the same for the whole warp: the MMAs stay converged */
+                break;
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+                mma_chunk(acc[j], vl[u], vh[u], vx[u][j]);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+        for (int e = 0; e < 4; e++)
+            part[warp][j][e][lane] = acc[j][e];
+    __syncthreads();
+    for (int i = threadIdx.x; i < NT * 4 * 32; i += blockDim.x) {
+        const int j = i / 128, e = i / 32 % 4, l = i % 32;
+        const int32_t row = row0 + acc_row(l, e), tok = j * 8 + acc_tok(l, e);
+        float v = part[0][j][e][l];
+        for (int s = 1; s < S; s++)
+            v += part[s][j][e][l];
+        if (row < N && tok < n)
+            y[(int64_t)tok * ldy + row] = bias ? v + bias[row] : v;
+    }
+}
+
+/* Where tile row r (W rows first, then tokens) of the tiled kernel reads: index i of W or x. */
+static __device__ __forceinline__ const __nv_bfloat16 *
+tile_row(const __nv_bfloat16 *w, const __nv_bfloat16 *x, int32_t i, int r, int32_t K)
+{
+    if (i < 0)
+        return NULL;
+    return (r < TILE_M ? w : x) + (int64_t)i * K;
+}
+
+/* Prefill steps: block = TILE_M rows x TILE_N tokens staged through shared memory (double
+ * buffered: chunk c + 1 is fetched into registers while chunk c is multiplied). Each element
+ * keeps the running slice (acc) apart from the finished ones (total), so the sums happen in
+ * exactly the skinny kernel's order. */
+static __global__ void __launch_bounds__(TILED_THREADS, 2)
+    gemm_tiled(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K,
+               const __nv_bfloat16 *x, int32_t n, float *y, int32_t ldy, int32_t S)
+{
+    /* rows 0..TILE_M-1: the W rows of the tile; TILE_M..: its tokens */
+    __shared__ uint4 tile[2][TILE_M + TILE_N][VECS];
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
+    const int wm = warp % WARPS_M, wn = warp / WARPS_M;
+    const int32_t row0 = (int32_t)blockIdx.y * TILE_M, tok0 = (int32_t)blockIdx.x * TILE_N;
+    const int32_t chunks = (K + CHUNK - 1) / CHUNK;
+
+    /* This thread's vectors of each chunk: tile row (tid + i * TILED_THREADS) / VECS, which is
+     * W row src[i] or token src[i] (-1: past the edge), vector (tid + i * TILED_THREADS) % VECS.
+     * Indices, not pointers: two fewer registers each. */
+    int32_t src[TILED_LOADS];
+#pragma unroll
+    for (int i = 0; i < TILED_LOADS; i++) {
+        const int r = (tid + i * TILED_THREADS) / VECS;
+        if (r < TILE_M)
+            src[i] = row0 + r < N ? row0 + r : -1;
+        else
+            src[i] = tok0 + r - TILE_M < n ? tok0 + r - TILE_M : -1;
+    }
+    uint4 staged[TILED_LOADS];
+    float acc[2][4][4], total[2][4][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+        for (int nt = 0; nt < 4; nt++)
+            for (int e = 0; e < 4; e++)
+                acc[mt][nt][e] = total[mt][nt][e] = 0.0f;
+
+#pragma unroll
+    for (int i = 0; i < TILED_LOADS; i++) {
+        const int idx = tid + i * TILED_THREADS;
+        tile[0][idx / VECS][idx % VECS] =
+            load_vec(tile_row(w, x, src[i], idx / VECS, K), idx % VECS * 8, K);
+    }
+    __syncthreads();
+    int32_t s = 0, slice_end = slice_start(1, chunks, S);
+    for (int32_t c = 0; c < chunks; c++) {
+        const int b = c & 1;
+        const bool more = c + 1 < chunks;
+        if (more) {
+#pragma unroll
+            for (int i = 0; i < TILED_LOADS; i++)
+                staged[i] = load_vec(tile_row(w, x, src[i], (tid + i * TILED_THREADS) / VECS, K),
+                                     (c + 1) * CHUNK + (tid + i * TILED_THREADS) % VECS * 8, K);
+        }
+        uint4 vl[2], vh[2], vx[4];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+            vl[mt] = tile[b][wm * WARP_M + mt * 16 + g][q];
+            vh[mt] = tile[b][wm * WARP_M + mt * 16 + g + 8][q];
+        }
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+            vx[nt] = tile[b][TILE_M + wn * WARP_N + nt * 8 + g][q];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+                mma_chunk(acc[mt][nt], vl[mt], vh[mt], vx[nt]);
+        if (c + 1 == slice_end) {
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+                for (int nt = 0; nt < 4; nt++)
+                    for (int e = 0; e < 4; e++) {
+                        total[mt][nt][e] =
+                            s == 0 ? acc[mt][nt][e] : total[mt][nt][e] + acc[mt][nt][e];
+                        acc[mt][nt][e] = 0.0f;
+                    }
+            s++;
+            slice_end = slice_start(s + 1, chunks, S);
+        }
+        if (more) {
+            /* buffer b ^ 1 was last read in step c - 1, which ended with a barrier */
+#pragma unroll
+            for (int i = 0; i < TILED_LOADS; i++) {
+                const int idx = tid + i * TILED_THREADS;
+                tile[b ^ 1][idx / VECS][idx % VECS] = staged[i];
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+        for (int nt = 0; nt < 4; nt++)
+            for (int e = 0; e < 4; e++) {
+                const int32_t row = row0 + wm * WARP_M + mt * 16 + acc_row(lane, e);
+                const int32_t tok = tok0 + wn * WARP_N + nt * 8 + acc_tok(lane, e);
+                if (row < N && tok < n)
+                    y[(int64_t)tok * ldy + row] =
+                        bias ? total[mt][nt][e] + bias[row] : total[mt][nt][e];
+            }
+}
+
+cudaError_t cllm_cuda_gemm(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K,
+                           const __nv_bfloat16 *x, int32_t n, float *y, int32_t ldy,
+                           cudaStream_t stream)
+{
+    if (N < 0 || n < 0 || ldy < N || !cllm_cuda_gemm_supported(w, x, K))
+        return cudaErrorInvalidValue;
+    if (N == 0 || n == 0)
+        return cudaSuccess;
+    const int32_t S = cllm_cuda_gemm_slices(N, K);
+    const unsigned row_tiles = (unsigned)((N + 15) / 16);
+    if (n <= 8)
+        gemm_skinny<1><<<row_tiles, S * 32, 0, stream>>>(w, bias, N, K, x, n, y, ldy, S);
+    else if (n <= 16)
+        gemm_skinny<2><<<row_tiles, S * 32, 0, stream>>>(w, bias, N, K, x, n, y, ldy, S);
+    else if (n <= CLLM_CUDA_GEMM_SKINNY_MAX)
+        gemm_skinny<4><<<row_tiles, S * 32, 0, stream>>>(w, bias, N, K, x, n, y, ldy, S);
+    else {
+        dim3 grid((unsigned)((n + TILE_N - 1) / TILE_N), (unsigned)((N + TILE_M - 1) / TILE_M));
+        gemm_tiled<<<grid, TILED_THREADS, 0, stream>>>(w, bias, N, K, x, n, y, ldy, S);
+    }
+    return cudaGetLastError();
+}
+
+#else /* no tensor-core MMA on this vendor: the backend uses its BLAS */
+
+int cllm_cuda_gemm_supported(const void *w, const void *x, int32_t K)
+{
+    (void)w, (void)x, (void)K;
+    return 0;
+}
+
+cudaError_t cllm_cuda_gemm(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K,
+                           const __nv_bfloat16 *x, int32_t n, float *y, int32_t ldy,
+                           cudaStream_t stream)
+{
+    (void)w, (void)bias, (void)N, (void)K, (void)x, (void)n, (void)y, (void)ldy, (void)stream;
+    return cudaErrorInvalidValue;
+}
+
+#endif

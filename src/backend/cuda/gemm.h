@@ -1,0 +1,40 @@
+/*
+ * The batch-invariant GEMM of the CUDA backend: y[t] = W x[t] (+ bias) with BF16 W [N][K] and
+ * x [n][K], F32 accumulation and output. cuBLAS picks its kernel (tile, split-K) from the whole
+ * shape, so a token's result changes with how many other tokens share its step, and a greedy
+ * answer with what else is in the batch (DESIGN.md forbids that). Here every element is
+ * computed one way, whatever n is:
+ *
+ *   y[t][i] = ((P_0 + P_1) + ... + P_{S-1}) + bias[i]
+ *   P_s     = the chain of tensor-core steps over the 32-element K chunks of slice s, in order,
+ *             starting from zero; S = cllm_cuda_gemm_slices(N, K), a function of the weight's
+ *             shape only.
+ *
+ * Two kernels implement that one formula: a "skinny" one for decode steps (n <= 32; one warp
+ * per 16 rows x slice, streaming W with 16-byte loads, slices reduced in shared memory) and a
+ * tiled one for prefill (128 rows x 64 tokens per block through shared memory).
+ */
+#ifndef CLLM_BACKEND_CUDA_GEMM_H
+#define CLLM_BACKEND_CUDA_GEMM_H
+
+#include "backend/cuda/vendor.h"
+
+#include <stdint.h>
+
+/* Steps with at most this many tokens take the skinny kernel. */
+#define CLLM_CUDA_GEMM_SKINNY_MAX 32
+
+/* K slices of a weight [N][K] (>= 1): enough warps to keep the memory system busy when one
+ * token streams W, never slices shorter than 4 chunks. */
+int32_t cllm_cuda_gemm_slices(int32_t N, int32_t K);
+
+/* Can cllm_cuda_gemm take these operands? K a multiple of 8 and w, x 16-byte aligned (each
+ * lane loads 8 BF16 at a time). */
+int cllm_cuda_gemm_supported(const void *w, const void *x, int32_t K);
+
+/* y[t][i] = sum_k w[i][k] x[t][k] (+ bias[i]) for t < n, i < N; y rows of stride ldy >= N. */
+cudaError_t cllm_cuda_gemm(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K,
+                           const __nv_bfloat16 *x, int32_t n, float *y, int32_t ldy,
+                           cudaStream_t stream);
+
+#endif
