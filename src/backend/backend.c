@@ -1,14 +1,17 @@
 /* The backend registry: the only file that knows which backends are compiled in. */
 #include "backend/backend.h"
 
+#include <stdlib.h>
+
 #include "backend/cpu/backend_cpu.h"
+#include "backend/fault.h"
 #ifdef CLLM_USE_CUDA
 #include "backend/cuda/backend_cuda.h"
 #endif
 #include "core/status.h"
 
-enum cllm_status cllm_backend_new(struct cllm_backend **out, const struct cllm_backend_options *o,
-                                  char *err, size_t err_len)
+static enum cllm_status backend_new(struct cllm_backend **out, const struct cllm_backend_options *o,
+                                    char *err, size_t err_len)
 {
     *out = NULL;
     switch (o->kind) {
@@ -23,6 +26,22 @@ enum cllm_status cllm_backend_new(struct cllm_backend **out, const struct cllm_b
 #endif
     }
     return cllm_fail(err, err_len, CLLM_ERR_INVALID_ARG, "unknown backend kind %d", (int)o->kind);
+}
+
+enum cllm_status cllm_backend_new(struct cllm_backend **out, const struct cllm_backend_options *o,
+                                  char *err, size_t err_len)
+{
+    enum cllm_status st = backend_new(out, o, err, err_len);
+    /* Tests of a lost device (fault.h): the device fails once this file exists. */
+    const char *trigger = getenv("CLLM_FAULT_FILE");
+    if (st || !trigger || !*trigger)
+        return st;
+    if ((st = cllm_backend_fault_wrap(out, trigger))) {
+        cllm_backend_free(*out);
+        *out = NULL;
+        return cllm_fail(err, err_len, st, "out of memory");
+    }
+    return CLLM_OK;
 }
 
 void cllm_backend_free(struct cllm_backend *be)

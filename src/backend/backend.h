@@ -141,8 +141,10 @@ struct cllm_backend_iface {
     /* out[i] = x[idx[i]] for F32 rows of dim. */
     enum cllm_status (*gather_rows)(struct cllm_backend *be, const float *x, const int32_t *idx,
                                     int32_t n_idx, int32_t dim, float *out);
-    /* Optional (NULL: the caller samples on the host): tokens[i] (host) for each F32 logits
-     * row i of [n][n_vocab] (device), drawn as rows[i] (host) says. Waits for the result. */
+    /* Optional (NULL: the caller samples on the host): queues the draw of tokens[i] (host) for
+     * each F32 logits row i of [n][n_vocab] (device), as rows[i] (host; read before the call
+     * returns) says. The next sync writes tokens, so the host can work while the device runs;
+     * that sync fails with CLLM_ERR_DEVICE if the device drew a token outside the vocabulary. */
     enum cllm_status (*sample)(struct cllm_backend *be, const float *logits, int32_t n,
                                int32_t n_vocab, const struct cllm_sample_row *rows,
                                int32_t *tokens);

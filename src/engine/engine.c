@@ -2,6 +2,13 @@
  * The engine thread and its step. Submitters push requests onto `incoming` under `lock`; the
  * thread moves them into the scheduler, runs a step, and delivers text through each request's
  * own lock. The model, KV cache and scheduler are touched by the engine thread only.
+ *
+ * Overlap: when the device samples (the step is queued and the host is free until it waits),
+ * a step's tokens are appended at once (so EOS and length limits end a request before the
+ * next step is planned) but their text -- detokenizing, stop strings, waking the submitter,
+ * the costly part with hundreds of sequences -- is delivered while the device runs the next
+ * step. A stop string found then ends a request that the running step still computes: that
+ * one token is dropped, and the request leaves the scheduler before the step after.
  */
 #include "engine/engine.h"
 
@@ -27,10 +34,13 @@ struct cllm_engine {
 
     /* step arrays, [max_batch_tokens] / [max_seqs][max_blocks_per_seq] */
     int32_t *tokens, *pos, *seq, *slot, *outputs, *table;
-    float *logits_copy; /* one row of logits for the sampler to scribble on */
+    float *logits_copy;           /* one row of logits for the sampler to scribble on */
     struct cllm_sample_row *rows; /* [max_seqs] device sampling of each output */
     int32_t *sampled;             /* [max_seqs] the device's tokens (-1: sample on the host) */
     struct cllm_sched_entry *plan_copy; /* [max_seqs] */
+    struct pending_token *pending;      /* [max_seqs] tokens whose text is not delivered yet */
+    int32_t n_pending;
+    bool overlap; /* deliver a step's text during the next step */
 
     pthread_t thread;
     pthread_mutex_t lock;
@@ -38,8 +48,16 @@ struct cllm_engine {
     struct cllm_request *incoming_head, *incoming_tail; /* under lock */
     int32_t n_incoming;                                 /* under lock */
     bool stop;                                          /* under lock */
-    uint64_t next_id;                                   /* under lock */
-    struct cllm_engine_stats stats;                     /* under lock */
+    char lost[192];   /* under lock: why the device can run nothing more ("" while it can) */
+    uint64_t next_id; /* under lock */
+    struct cllm_engine_stats stats; /* under lock */
+};
+
+/* A generated token whose text is still to be delivered. */
+struct pending_token {
+    struct cllm_request *r; /* a reference of its own */
+    int32_t token;
+    bool at_limit; /* the request reached its length limit with this token */
 };
 
 void cllm_engine_config_default(struct cllm_engine_config *c)
@@ -61,7 +79,7 @@ static bool is_stop_id(const struct cllm_request *r, int32_t token)
 
 /* Decodes the new token, runs stop strings over the text and publishes what is final.
  * Returns the finish reason, or CLLM_FINISH_NONE to go on. */
-static enum cllm_finish_reason deliver_token(struct cllm_request *r, int32_t token,
+static enum cllm_finish_reason deliver_token(struct cllm_request *r, int32_t token, bool at_limit,
                                              int32_t n_cached)
 {
     bool eos = is_stop_id(r, token);
@@ -69,7 +87,6 @@ static enum cllm_finish_reason deliver_token(struct cllm_request *r, int32_t tok
     text->len = 0;
     if (!eos)
         cllm_detok_stream_push(&r->detok, token, text);
-    bool at_limit = r->n_tokens >= r->max_total;
     if (eos || at_limit)
         cllm_detok_stream_flush(&r->detok, text);
     struct cllm_stop_out so = {0};
@@ -88,14 +105,38 @@ static enum cllm_finish_reason deliver_token(struct cllm_request *r, int32_t tok
     return at_limit ? CLLM_FINISH_LENGTH : CLLM_FINISH_NONE;
 }
 
-static void finish(struct cllm_engine *e, struct cllm_request *r, enum cllm_finish_reason why,
-                   const char *error)
+/* Ends a request for its submitter. The scheduler may still hold it (drop_finished). */
+static void end_request(struct cllm_engine *e, struct cllm_request *r, enum cllm_finish_reason why,
+                        const char *error)
 {
+    r->ended = true;
     cllm_request_finish(r, why, error);
-    cllm_scheduler_remove(&e->sched, r);
     pthread_mutex_lock(&e->lock);
     e->stats.requests_finished++;
     pthread_mutex_unlock(&e->lock);
+}
+
+static void finish(struct cllm_engine *e, struct cllm_request *r, enum cllm_finish_reason why,
+                   const char *error)
+{
+    end_request(e, r, why, error);
+    cllm_scheduler_remove(&e->sched, r);
+}
+
+/* Publishes the text of the last step's tokens, and the end of the requests they finish. */
+static void deliver_pending(struct cllm_engine *e)
+{
+    for (int32_t i = 0; i < e->n_pending; i++) {
+        struct pending_token *pt = &e->pending[i];
+        struct cllm_request *r = pt->r;
+        if (!r->ended) { /* else cancelled meanwhile: nothing more goes out */
+            enum cllm_finish_reason why = deliver_token(r, pt->token, pt->at_limit, r->n_cached);
+            if (why != CLLM_FINISH_NONE)
+                end_request(e, r, why, NULL);
+        }
+        cllm_request_release(r);
+    }
+    e->n_pending = 0;
 }
 
 /* --- the step --- */
@@ -117,17 +158,23 @@ static void take_incoming(struct cllm_engine *e)
     }
 }
 
-static void drop_cancelled(struct cllm_engine *e)
+/* Takes the requests that are over out of the scheduler: those cancelled by their submitter
+ * (finished here) and those a stop string ended while a step that included them ran. */
+static void drop_one(struct cllm_engine *e, struct cllm_request *r)
+{
+    if (r->ended)
+        cllm_scheduler_remove(&e->sched, r);
+    else if (cllm_request_cancelled(r))
+        finish(e, r, CLLM_FINISH_CANCELLED, NULL);
+}
+
+static void drop_finished(struct cllm_engine *e)
 {
     struct cllm_scheduler *s = &e->sched;
     for (int32_t i = s->n_running - 1; i >= 0; i--)
-        if (cllm_request_cancelled(s->running[i]))
-            finish(e, s->running[i], CLLM_FINISH_CANCELLED, NULL);
-    for (int32_t i = s->n_waiting - 1; i >= 0; i--) {
-        struct cllm_request *r = s->waiting[(s->wait_head + i) % s->wait_cap];
-        if (cllm_request_cancelled(r))
-            finish(e, r, CLLM_FINISH_CANCELLED, NULL);
-    }
+        drop_one(e, s->running[i]);
+    for (int32_t i = s->n_waiting - 1; i >= 0; i--)
+        drop_one(e, s->waiting[(s->wait_head + i) % s->wait_cap]);
 }
 
 /* Lays the plan out as a model step. The block table is only as wide as the longest
@@ -186,10 +233,46 @@ static void build_sample_rows(struct cllm_engine *e)
             *row = (struct cllm_sample_row){.temperature = -1.0f};
             continue;
         }
-        *row = (struct cllm_sample_row){sp->temperature, sp->top_k,  sp->top_p,
-                                        sp->min_p,       sp->seed,
-                                        (uint64_t)(r->n_tokens - r->n_prompt)};
+        *row = (struct cllm_sample_row){sp->temperature, sp->top_k,
+                                        sp->top_p,       sp->min_p,
+                                        sp->seed,        (uint64_t)(r->n_tokens - r->n_prompt)};
     }
+}
+
+/* Ends every request the scheduler holds with an error. */
+static void fail_all(struct cllm_engine *e, const char *msg)
+{
+    struct cllm_scheduler *s = &e->sched;
+    while (s->n_running > 0)
+        finish(e, s->running[0], CLLM_FINISH_ERROR, msg);
+    while (s->n_waiting > 0)
+        finish(e, s->waiting[s->wait_head], CLLM_FINISH_ERROR, msg);
+}
+
+/* A step that failed ends its requests with the error. If the device does not answer a sync
+ * either, the error sticks (a CUDA illegal address, a lost GPU): nothing can run any more, so
+ * every request ends, new ones are refused and the health check reports it, for the server
+ * to be restarted. */
+static void step_failed(struct cllm_engine *e, enum cllm_status rc)
+{
+    const struct cllm_plan *p = &e->sched.plan;
+    char msg[96];
+    snprintf(msg, sizeof msg, "the forward pass failed: %s", cllm_status_str(rc));
+    cllm_log(CLLM_LOG_ERROR, "%s (%d requests in the step)", msg, (int)p->n_entries);
+    for (int32_t j = p->n_entries - 1; j >= 0; j--)
+        if (!p->entries[j].req->ended)
+            finish(e, p->entries[j].req, CLLM_FINISH_ERROR, msg);
+    if (rc != CLLM_ERR_DEVICE || e->be->iface->sync(e->be) == CLLM_OK)
+        return;
+    char lost[sizeof e->lost];
+    snprintf(lost, sizeof lost,
+             "the %s device failed (%s) and cannot run requests any more: restart the server",
+             e->be->iface->name, cllm_status_str(rc));
+    cllm_log(CLLM_LOG_ERROR, "engine: %s", lost);
+    pthread_mutex_lock(&e->lock);
+    memcpy(e->lost, lost, sizeof lost);
+    pthread_mutex_unlock(&e->lock);
+    fail_all(e, lost);
 }
 
 static void step(struct cllm_engine *e)
@@ -197,8 +280,10 @@ static void step(struct cllm_engine *e)
     struct cllm_scheduler *s = &e->sched;
     cllm_scheduler_schedule(s);
     const struct cllm_plan *p = &s->plan;
-    if (p->n_entries == 0)
+    if (p->n_entries == 0) {
+        deliver_pending(e);
         return;
+    }
     struct cllm_step st;
     build_step(e, &st);
     const float *logits = NULL;
@@ -206,21 +291,21 @@ static void step(struct cllm_engine *e)
     enum cllm_status rc;
     if (device_sampling) {
         build_sample_rows(e);
-        rc = cllm_model_forward_sample(e->model, &e->kv, &st, e->rows, e->sampled, &logits);
+        rc = cllm_model_launch_sample(e->model, &e->kv, &st, e->rows, e->sampled);
+        deliver_pending(e); /* while the device runs the step */
+        if (rc == CLLM_OK)
+            rc = cllm_model_wait_sample(e->model, e->rows, e->sampled, &logits);
     } else {
+        deliver_pending(e); /* (only with overlap forced on: the CPU runs the step below) */
         rc = cllm_model_forward(e->model, &e->kv, &st, &logits);
     }
     if (rc) {
-        char msg[96];
-        snprintf(msg, sizeof msg, "the forward pass failed: %s", cllm_status_str(rc));
-        cllm_log(CLLM_LOG_ERROR, "%s (%d requests in the step)", msg, (int)p->n_entries);
-        for (int32_t j = p->n_entries - 1; j >= 0; j--)
-            finish(e, p->entries[j].req, CLLM_FINISH_ERROR, msg);
+        step_failed(e, rc);
         return;
     }
     cllm_scheduler_update(s);
     int32_t n_prompt_tokens = 0, n_generated = 0;
-    /* Finishing a request edits the scheduler, so walk a copy of the plan. */
+    /* Ending a request edits the scheduler, so walk a copy of the plan. */
     struct cllm_sched_entry *done = e->plan_copy;
     int32_t n_entries = p->n_entries, out = 0;
     memcpy(done, p->entries, (size_t)n_entries * sizeof done[0]);
@@ -232,6 +317,8 @@ static void step(struct cllm_engine *e)
         if (!done[j].sample)
             continue;
         int32_t i = out++, token = device_sampling ? e->sampled[i] : -1;
+        if (r->ended) /* a stop string ended it while this step ran */
+            continue;
         if (token < 0) {
             memcpy(e->logits_copy, logits + (int64_t)i * e->n_vocab,
                    (size_t)e->n_vocab * sizeof(float));
@@ -242,10 +329,15 @@ static void step(struct cllm_engine *e)
             continue;
         }
         n_generated++;
-        enum cllm_finish_reason why = deliver_token(r, token, r->n_cached);
-        if (why != CLLM_FINISH_NONE)
-            finish(e, r, why, NULL);
+        bool at_limit = r->n_tokens >= r->max_total;
+        cllm_request_retain(r);
+        e->pending[e->n_pending++] = (struct pending_token){r, token, at_limit};
+        /* Nothing more to compute: out of the scheduler now, ended when its text goes out. */
+        if (at_limit || is_stop_id(r, token))
+            cllm_scheduler_remove(s, r);
     }
+    if (!e->overlap || (s->n_running == 0 && s->n_waiting == 0))
+        deliver_pending(e);
     pthread_mutex_lock(&e->lock);
     e->stats.steps++;
     e->stats.prompt_tokens += (uint64_t)n_prompt_tokens;
@@ -269,6 +361,8 @@ static void *engine_main(void *arg)
 {
     struct cllm_engine *e = arg;
     for (;;) {
+        if (e->sched.n_running == 0 && e->sched.n_waiting == 0)
+            deliver_pending(e); /* before sleeping: nothing may stay undelivered */
         pthread_mutex_lock(&e->lock);
         while (!e->stop && !e->incoming_head && e->sched.n_running == 0 && e->sched.n_waiting == 0)
             pthread_cond_wait(&e->wake, &e->lock);
@@ -277,12 +371,17 @@ static void *engine_main(void *arg)
         take_incoming(e);
         if (stop)
             break;
-        drop_cancelled(e);
+        if (e->lost[0]) { /* (only this thread writes it) */
+            fail_all(e, e->lost);
+            continue;
+        }
+        drop_finished(e);
         step(e);
         publish_stats(e);
     }
     /* Shutting down: everything left is cancelled, so no submitter waits forever. */
-    drop_cancelled(e);
+    deliver_pending(e);
+    drop_finished(e);
     while (e->sched.n_running > 0)
         finish(e, e->sched.running[0], CLLM_FINISH_CANCELLED, "the server is shutting down");
     while (e->sched.n_waiting > 0)
@@ -344,6 +443,7 @@ static void release(struct cllm_engine *e)
     free(e->logits_copy);
     free(e->rows);
     free(e->sampled);
+    free(e->pending);
     free(e->plan_copy);
     pthread_mutex_destroy(&e->lock);
     pthread_cond_destroy(&e->wake);
@@ -389,8 +489,8 @@ enum cllm_status cllm_engine_new(struct cllm_engine **out, const struct cllm_mod
         kv_bytes = default_kv_bytes(per_token, cfg->max_seqs, e->n_ctx);
     int64_t block_bytes = per_token * cfg->block_size;
     /* The default budget rounds up to whole blocks; an explicit --kv-mem is a ceiling. */
-    int64_t n_blocks = cfg->kv_bytes ? kv_bytes / block_bytes
-                                     : (kv_bytes + block_bytes - 1) / block_bytes;
+    int64_t n_blocks =
+        cfg->kv_bytes ? kv_bytes / block_bytes : (kv_bytes + block_bytes - 1) / block_bytes;
     if (!cfg->kv_bytes && n_blocks < 2)
         n_blocks = 2; /* the smallest cache the scheduler works with */
     if (n_blocks < 2 || n_blocks > INT32_MAX / cfg->block_size) {
@@ -419,17 +519,19 @@ enum cllm_status cllm_engine_new(struct cllm_engine **out, const struct cllm_mod
     e->seq = cllm_malloc_array(T, sizeof(int32_t));
     e->slot = cllm_malloc_array(T, sizeof(int32_t));
     e->outputs = cllm_malloc_array(T, sizeof(int32_t));
-    e->table = cllm_malloc_array((size_t)cfg->max_seqs * (size_t)e->max_blocks_per_seq,
-                                 sizeof(int32_t));
+    e->table =
+        cllm_malloc_array((size_t)cfg->max_seqs * (size_t)e->max_blocks_per_seq, sizeof(int32_t));
     e->logits_copy = cllm_malloc_array((size_t)e->n_vocab, sizeof(float));
     e->plan_copy = cllm_malloc_array((size_t)cfg->max_seqs, sizeof *e->plan_copy);
     e->rows = cllm_malloc_array((size_t)cfg->max_seqs, sizeof *e->rows);
     e->sampled = cllm_malloc_array((size_t)cfg->max_seqs, sizeof *e->sampled);
+    e->pending = cllm_malloc_array((size_t)cfg->max_seqs, sizeof *e->pending);
     if (!e->tokens || !e->pos || !e->seq || !e->slot || !e->outputs || !e->table ||
-        !e->logits_copy || !e->plan_copy || !e->rows || !e->sampled) {
+        !e->logits_copy || !e->plan_copy || !e->rows || !e->sampled || !e->pending) {
         st = cllm_fail(err, err_len, CLLM_ERR_NOMEM, "out of memory");
         goto fail;
     }
+    e->overlap = cfg->overlap > 0 || (cfg->overlap == 0 && cllm_model_samples_on_device(e->model));
     e->stats.kv_blocks_total = (int32_t)n_blocks;
     e->stats.block_size = cfg->block_size;
     e->stats.n_ctx = e->n_ctx;
@@ -468,10 +570,14 @@ enum cllm_status cllm_engine_submit(struct cllm_engine *e, const int32_t *prompt
                                     char *err, size_t err_len)
 {
     *out = NULL;
+    char lost[sizeof e->lost];
     pthread_mutex_lock(&e->lock);
     bool full = e->stats.waiting + e->n_incoming >= e->cfg.max_queue;
     uint64_t id = ++e->next_id;
+    memcpy(lost, e->lost, sizeof lost);
     pthread_mutex_unlock(&e->lock);
+    if (lost[0])
+        return cllm_fail(err, err_len, CLLM_ERR_DEVICE, "%s", lost);
     if (full)
         return cllm_fail(err, err_len, CLLM_ERR_BUSY, "the queue is full (%d requests waiting)",
                          (int)e->cfg.max_queue);
@@ -498,6 +604,16 @@ enum cllm_status cllm_engine_submit(struct cllm_engine *e, const int32_t *prompt
     pthread_mutex_unlock(&e->lock);
     *out = r;
     return CLLM_OK;
+}
+
+bool cllm_engine_lost(struct cllm_engine *e, char *why, size_t why_len)
+{
+    pthread_mutex_lock(&e->lock);
+    bool lost = e->lost[0] != 0;
+    if (lost && why_len)
+        snprintf(why, why_len, "%s", e->lost);
+    pthread_mutex_unlock(&e->lock);
+    return lost;
 }
 
 bool cllm_engine_queue_full(struct cllm_engine *e)

@@ -27,6 +27,8 @@ struct cllm_engine_config {
     int32_t max_seqs;         /* sequences per step; 0 = 256 */
     int32_t max_queue;        /* waiting requests accepted at most; 0 = 4096 */
     bool prefix_cache;        /* share full blocks between requests with equal prefixes */
+    int32_t overlap;          /* deliver a step's text while the next step runs (engine.c):
+                                 0 = when the device samples, 1 = always (tests), -1 = never */
 };
 
 void cllm_engine_config_default(struct cllm_engine_config *c);
@@ -63,6 +65,10 @@ enum cllm_status cllm_engine_submit(struct cllm_engine *e, const int32_t *prompt
 bool cllm_engine_queue_full(struct cllm_engine *e);
 
 void cllm_engine_stats(struct cllm_engine *e, struct cllm_engine_stats *s);
+/* True once the device has failed for good (a step failed and the device no longer answers):
+ * every request since ends with an error and submits fail with CLLM_ERR_DEVICE; why gets the
+ * reason. The server reports itself unhealthy then. */
+bool cllm_engine_lost(struct cllm_engine *e, char *why, size_t why_len);
 int32_t cllm_engine_n_ctx(const struct cllm_engine *e);
 const char *cllm_engine_backend_name(const struct cllm_engine *e);
 

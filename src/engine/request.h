@@ -79,6 +79,8 @@ struct cllm_request {
     int32_t n_hashed;           /* leading blocks whose hash is known and published */
     int32_t n_cached;           /* prompt tokens found in the prefix cache at first admission */
     enum cllm_request_state state;
+    bool ended;                 /* finished for the submitter; may still be in the scheduler
+                                   until the next step (engine.c, "Overlap") */
     struct cllm_sampler *sampler;
     struct cllm_detok_stream detok;
     struct cllm_stop *stop;

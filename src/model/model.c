@@ -43,27 +43,30 @@ static const int32_t graph_buckets[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128,
 struct cllm_model {
     struct cllm_hparams hp;
     struct cllm_backend *be;
-    size_t act_size;                  /* bytes of one act_dtype element */
+    size_t act_size; /* bytes of one act_dtype element */
     struct cllm_weight tok_embd, output_norm, output;
     bool tied; /* output is tok_embd: do not free it twice */
     struct layer *layers;
     int32_t max_tokens, max_outputs;
     /* activations (device), sized for max_tokens rows; F32 unless noted */
     float *x, *qkv, *gate_up, *ffo;
-    void *xn, *attn, *ff;             /* act_dtype */
-    float *out_x, *out_ffo;           /* [max_outputs][n_embd] */
-    void *out_n;                      /* act_dtype */
-    float *logits_dev;                /* [max_outputs][n_vocab] */
-    void *attn_scratch;               /* the backend's attention workspace, or NULL */
+    void *xn, *attn, *ff;   /* act_dtype */
+    float *out_x, *out_ffo; /* [max_outputs][n_embd] */
+    void *out_n;            /* act_dtype */
+    float *logits_dev;      /* [max_outputs][n_vocab] */
+    void *attn_scratch;     /* the backend's attention workspace, or NULL */
     float *logits_host;
     struct cllm_sample_row *rows; /* [max_outputs] what the device sampler is given */
+    int32_t launched_outputs;     /* outputs of the step cllm_model_launch_sample queued */
     /* step index arrays: device copy and the host staging of padded steps */
     int32_t *step_i32;
     size_t step_i32_cap;
-    uint64_t step_i32_gen;            /* bumped when step_i32 moves: old recordings are stale */
+    uint64_t step_i32_gen; /* bumped when step_i32 moves: old recordings are stale */
+    int32_t *step_host;    /* host staging of step_i32's contents */
+    size_t step_host_cap;
     int32_t *pad_i32;
     size_t pad_i32_cap;
-    bool graphs_off;                  /* CLLM_NO_GRAPHS, or a recording failed */
+    bool graphs_off; /* CLLM_NO_GRAPHS, or a recording failed */
 };
 
 static enum cllm_status load(struct cllm_model *m, const struct cllm_model_files *mf,
@@ -95,8 +98,8 @@ static enum cllm_status load_stacked(struct cllm_model *m, const struct cllm_mod
         t[i] = cllm_model_files_tensor(mf, name);
         found += t[i] != NULL;
         if (!t[i] && !optional)
-            return cllm_fail(err, err_len, CLLM_ERR_NOT_FOUND, "%s: tensor %s is missing",
-                             mf->path, name);
+            return cllm_fail(err, err_len, CLLM_ERR_NOT_FOUND, "%s: tensor %s is missing", mf->path,
+                             name);
     }
     if (found == 0)
         return CLLM_OK;
@@ -188,8 +191,8 @@ enum cllm_status cllm_model_init(struct cllm_model **out, const struct cllm_mode
                            err, err_len)))
                 goto fail;
         }
-        if ((st = load_stacked(m, mf, l, qkv_w, 3, &L->qkv.stacked, L->qkv.parts,
-                               &L->qkv.n_parts, false, err, err_len)) ||
+        if ((st = load_stacked(m, mf, l, qkv_w, 3, &L->qkv.stacked, L->qkv.parts, &L->qkv.n_parts,
+                               false, err, err_len)) ||
             (st = load_stacked(m, mf, l, qkv_b, 3, &L->b_qkv, NULL, NULL, true, err, err_len)) ||
             (st = load_stacked(m, mf, l, gu_w, 2, &L->gate_up.stacked, L->gate_up.parts,
                                &L->gate_up.n_parts, false, err, err_len)))
@@ -257,13 +260,14 @@ void cllm_model_free(struct cllm_model *m)
         be->weight_free(m->be, &m->output);
     be->weight_free(m->be, &m->tok_embd);
     be->weight_free(m->be, &m->output_norm);
-    void *bufs[] = {m->x,       m->xn,    m->qkv,   m->attn,  m->gate_up,
-                    m->ff,      m->ffo,   m->out_x, m->out_ffo, m->out_n,
+    void *bufs[] = {m->x,          m->xn,       m->qkv,         m->attn,    m->gate_up,
+                    m->ff,         m->ffo,      m->out_x,       m->out_ffo, m->out_n,
                     m->logits_dev, m->step_i32, m->attn_scratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             be->dealloc(m->be, bufs[i]);
     free(m->pad_i32);
+    free(m->step_host);
     free(m->rows);
     free(m->logits_host);
     free(m->layers);
@@ -287,8 +291,7 @@ uint64_t cllm_model_kv_bytes_per_token(const struct cllm_model *m)
 }
 
 enum cllm_status cllm_kv_cache_init(struct cllm_kv_cache *kv, const struct cllm_model *m,
-                                    int32_t n_blocks, int32_t block_size, char *err,
-                                    size_t err_len)
+                                    int32_t n_blocks, int32_t block_size, char *err, size_t err_len)
 {
     memset(kv, 0, sizeof *kv);
     if (n_blocks < 1 || block_size < 1 || (int64_t)n_blocks * block_size > INT32_MAX)
@@ -396,8 +399,8 @@ static enum cllm_status pad_step(struct cllm_model *m, const struct cllm_step *s
         if (t >= n)
             tokens[t] = pos[t] = 0, slot[t] = -1;
     }
-    *out = (struct cllm_step){bucket, tokens, pos, seq, slot, table, bucket, s->max_blocks,
-                              bucket, outputs};
+    *out = (struct cllm_step){bucket, tokens, pos,           seq,    slot,
+                              table,  bucket, s->max_blocks, bucket, outputs};
     return CLLM_OK;
 }
 
@@ -425,21 +428,27 @@ static enum cllm_status upload_step(struct cllm_model *m, const struct cllm_step
             return CLLM_ERR_NOMEM;
         m->step_i32_cap = cap;
     }
-    int32_t *d = m->step_i32;
+    /* One upload of the six arrays, packed on the host as on the device: each copy costs a
+     * few microseconds of host time between two steps. */
+    if (need > m->step_host_cap) {
+        int32_t *p = realloc(m->step_host, need * sizeof *p);
+        if (!p)
+            return CLLM_ERR_NOMEM;
+        m->step_host = p;
+        m->step_host_cap = need;
+    }
     *dev = *s;
     const int32_t *src[] = {s->tokens, s->pos, s->seq, s->slot, s->outputs, s->block_table};
-    const int32_t **dst[] = {&dev->tokens, &dev->pos, &dev->seq, &dev->slot, &dev->outputs,
-                             &dev->block_table};
-    size_t len[] = {n, n, n, n, (size_t)s->n_outputs, tbl};
+    const int32_t **dst[] = {&dev->tokens, &dev->pos,     &dev->seq,
+                             &dev->slot,   &dev->outputs, &dev->block_table};
+    size_t len[] = {n, n, n, n, (size_t)s->n_outputs, tbl}, off = 0;
     for (int i = 0; i < 6; i++) {
-        enum cllm_status st = len[i] ? be->upload(m->be, d, src[i], len[i] * sizeof(int32_t))
-                                     : CLLM_OK;
-        if (st)
-            return st;
-        *dst[i] = d;
-        d += len[i];
+        if (len[i])
+            memcpy(m->step_host + off, src[i], len[i] * sizeof(int32_t));
+        *dst[i] = m->step_i32 + off;
+        off += len[i];
     }
-    return CLLM_OK;
+    return be->upload(m->be, m->step_i32, m->step_host, need * sizeof(int32_t));
 }
 
 /* y[t] = the projection of x[t], into consecutive column ranges of y (row stride ldy). */
@@ -499,8 +508,8 @@ static enum cllm_status issue_ops(struct cllm_model *m, struct cllm_kv_cache *kv
         /* Only the rows that need logits take the last residual add, norm and LM head. */
         TRY(be->gather_rows(b, m->x, s->outputs, s->n_outputs, E, m->out_x));
         TRY(be->gather_rows(b, m->ffo, s->outputs, s->n_outputs, E, m->out_ffo));
-        TRY(be->add_rmsnorm(b, m->out_x, m->out_ffo, &m->output_norm, hp->rms_eps, s->n_outputs,
-                            E, m->out_n));
+        TRY(be->add_rmsnorm(b, m->out_x, m->out_ffo, &m->output_norm, hp->rms_eps, s->n_outputs, E,
+                            m->out_n));
         TRY(be->matmul(b, &m->output, NULL, m->out_n, s->n_outputs, m->logits_dev, hp->n_vocab));
     }
 #undef TRY
@@ -538,13 +547,12 @@ static enum cllm_status run_step(struct cllm_model *m, struct cllm_kv_cache *kv,
             cls *= 2;
         max_len = cls < table_len ? cls : table_len;
     }
-    struct cllm_attn_batch ab = {s.n_tokens,  s.pos,          s.seq,  s.slot, s.block_table,
-                                 s.max_blocks, kv->block_size, max_len};
+    struct cllm_attn_batch ab = {s.n_tokens,    s.pos,        s.seq,          s.slot,
+                                 s.block_table, s.max_blocks, kv->block_size, max_len};
     const struct cllm_backend_iface *be = m->be->iface;
     if (!bucket)
         return issue_ops(m, kv, &s, &ab);
-    uint64_t key = mix64(mix64(mix64(mix64((uint64_t)bucket, (uint64_t)max_len),
-                                     m->step_i32_gen),
+    uint64_t key = mix64(mix64(mix64(mix64((uint64_t)bucket, (uint64_t)max_len), m->step_i32_gen),
                                (uint64_t)(uintptr_t)kv->k[0]),
                          (uint64_t)s.max_blocks * 65536u + (uint64_t)kv->block_size);
     bool replayed = false;
@@ -586,36 +594,55 @@ bool cllm_model_samples_on_device(const struct cllm_model *m)
     return m->be->iface->sample != NULL;
 }
 
-enum cllm_status cllm_model_forward_sample(struct cllm_model *m, struct cllm_kv_cache *kv,
-                                           const struct cllm_step *step,
-                                           const struct cllm_sample_row *rows, int32_t *tokens,
-                                           const float **logits)
+enum cllm_status cllm_model_launch_sample(struct cllm_model *m, struct cllm_kv_cache *kv,
+                                          const struct cllm_step *step,
+                                          const struct cllm_sample_row *rows, int32_t *tokens)
 {
-    *logits = NULL;
     const struct cllm_backend_iface *be = m->be->iface;
+    m->launched_outputs = 0;
     if (!be->sample)
         return CLLM_ERR_UNSUPPORTED;
     enum cllm_status st = check_step(m, kv, step);
     if (st || (st = run_step(m, kv, step)))
         return st;
-    int32_t n = step->n_outputs, V = m->hp.n_vocab;
+    int32_t n = step->n_outputs;
     memcpy(m->rows, rows, (size_t)n * sizeof *rows);
     for (int32_t i = 0; i < n; i++)
         if (rows[i].temperature < 0.0f) /* the caller's row: any cheap draw will do */
             m->rows[i] = (struct cllm_sample_row){0};
-    if (n > 0 && (st = be->sample(m->be, m->logits_dev, n, V, m->rows, tokens)))
+    m->launched_outputs = n;
+    return n > 0 ? be->sample(m->be, m->logits_dev, n, m->hp.n_vocab, m->rows, tokens) : CLLM_OK;
+}
+
+enum cllm_status cllm_model_wait_sample(struct cllm_model *m, const struct cllm_sample_row *rows,
+                                        int32_t *tokens, const float **logits)
+{
+    *logits = NULL;
+    const struct cllm_backend_iface *be = m->be->iface;
+    enum cllm_status st = be->sync(m->be);
+    if (st)
         return st;
-    for (int32_t i = 0; i < n; i++) {
+    size_t V = (size_t)m->hp.n_vocab;
+    for (int32_t i = 0; i < m->launched_outputs; i++) {
         if (rows[i].temperature >= 0.0f)
             continue;
         tokens[i] = -1;
-        size_t row = (size_t)i * (size_t)V;
-        if ((st = be->download(m->be, m->logits_host + row, m->logits_dev + row,
-                               (size_t)V * sizeof(float))))
+        if ((st = be->download(m->be, m->logits_host + i * V, m->logits_dev + i * V,
+                               V * sizeof(float))))
             return st;
     }
     if ((st = be->sync(m->be)))
         return st;
     *logits = m->logits_host;
     return CLLM_OK;
+}
+
+enum cllm_status cllm_model_forward_sample(struct cllm_model *m, struct cllm_kv_cache *kv,
+                                           const struct cllm_step *step,
+                                           const struct cllm_sample_row *rows, int32_t *tokens,
+                                           const float **logits)
+{
+    *logits = NULL;
+    enum cllm_status st = cllm_model_launch_sample(m, kv, step, rows, tokens);
+    return st ? st : cllm_model_wait_sample(m, rows, tokens, logits);
 }

@@ -74,4 +74,14 @@ enum cllm_status cllm_model_forward_sample(struct cllm_model *m, struct cllm_kv_
                                            const struct cllm_sample_row *rows, int32_t *tokens,
                                            const float **logits);
 
+/* cllm_model_forward_sample in two halves, so the host can work while the device runs the
+ * step: launch queues it and returns; wait (with the same rows and tokens, which must stay
+ * valid in between) blocks until tokens and *logits are filled. Nothing else may use the
+ * model or its backend in between. */
+enum cllm_status cllm_model_launch_sample(struct cllm_model *m, struct cllm_kv_cache *kv,
+                                          const struct cllm_step *step,
+                                          const struct cllm_sample_row *rows, int32_t *tokens);
+enum cllm_status cllm_model_wait_sample(struct cllm_model *m, const struct cllm_sample_row *rows,
+                                        int32_t *tokens, const float **logits);
+
 #endif

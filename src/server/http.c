@@ -141,6 +141,8 @@ enum MHD_Result cllm_http_reply_status(struct cllm_http_req *hr, enum cllm_statu
     unsigned status = 500;
     if (st == CLLM_ERR_BUSY)
         status = 429;
+    else if (st == CLLM_ERR_DEVICE) /* the device is lost (engine.h): nothing will run */
+        status = 503;
     else if (st == CLLM_ERR_RANGE || st == CLLM_ERR_INVALID_ARG || st == CLLM_ERR_FORMAT)
         status = 400;
     return cllm_http_reply_error(hr, status, "%s", msg);

@@ -42,6 +42,12 @@ enum MHD_Result cllm_route_health(struct cllm_server *s, struct cllm_http_req *h
             cJSON_AddStringToObject(o, "error", s->load_error);
         return cllm_http_reply_json(hr, 503, o);
     }
+    char lost[192];
+    if (cllm_engine_lost(s->engine, lost, sizeof lost)) {
+        cJSON_AddStringToObject(o, "status", "error");
+        cJSON_AddStringToObject(o, "error", lost);
+        return cllm_http_reply_json(hr, 503, o);
+    }
     cJSON_AddStringToObject(o, "status", "ok");
     cJSON_AddStringToObject(o, "model", s->model_name);
     cJSON_AddStringToObject(o, "backend", cllm_engine_backend_name(s->engine));

@@ -3,6 +3,8 @@
  *   - batch invariance: each workload question's greedy answer is byte-identical whether it
  *     runs alone or together with 11 others, and again under memory pressure that forces
  *     preemption and recomputation;
+ *   - the same with the text of each step delivered during the next one (overlap forced on, as
+ *     on a GPU), including a stop string that ends a request while a step computes it;
  *   - cancellation frees the request's KV blocks within a step;
  *   - prompts beyond the context window and a full queue are refused with clear errors.
  */
@@ -79,8 +81,8 @@ static void run(struct cllm_engine *e, int n, int together, struct cllm_buf *ans
     }
 }
 
-static struct cllm_engine *engine(int64_t kv_bytes, int32_t batch_tokens, int32_t n_ctx,
-                                  int32_t max_queue)
+static struct cllm_engine *engine_overlap(int64_t kv_bytes, int32_t batch_tokens,
+                                          int32_t n_ctx, int32_t max_queue, int32_t overlap)
 {
     struct cllm_engine_config c;
     cllm_engine_config_default(&c);
@@ -90,10 +92,18 @@ static struct cllm_engine *engine(int64_t kv_bytes, int32_t batch_tokens, int32_
     c.max_seqs = 16;
     c.n_ctx = n_ctx;
     c.max_queue = max_queue;
+    c.overlap = overlap;
     char err[512];
     struct cllm_engine *e = NULL;
     CHECKF(cllm_engine_new(&e, mf, &c, err, sizeof err) == CLLM_OK, "%s", err);
     return e;
+}
+
+/* The CPU's default: each step's text delivered right after it. */
+static struct cllm_engine *engine(int64_t kv_bytes, int32_t batch_tokens, int32_t n_ctx,
+                                  int32_t max_queue)
+{
+    return engine_overlap(kv_bytes, batch_tokens, n_ctx, max_queue, -1);
 }
 
 /* Stats are published after each engine step, a moment after the last request finishes:
@@ -108,6 +118,60 @@ static void wait_idle(struct cllm_engine *e, struct cllm_engine_stats *st)
     }
 }
 
+/* A stop string from the middle of question 0's answer ends it there, in a batch of four,
+ * with and without overlap: with overlap the stop is found while the next step computes the
+ * request, whose extra token must not show, and its blocks must still come back. */
+static void test_stop_string(const struct cllm_buf *alone)
+{
+    const struct cllm_buf *a = &alone[0];
+    CHECKF(a->len >= 16, "answer 0 too short for a stop string: %zu bytes", a->len);
+    if (a->len < 16)
+        return;
+    size_t at = a->len / 2;
+    while (at > 0 && ((unsigned char)a->data[at] & 0xc0) == 0x80)
+        at--; /* start on a character */
+    char stop[5] = {0};
+    memcpy(stop, a->data + at, 4);
+    size_t first = (size_t)(strstr(a->data, stop) - a->data);
+    for (int overlap = -1; overlap <= 1; overlap += 2) {
+        struct cllm_engine *e = engine_overlap(0, 256, 512, 0, overlap);
+        if (!e)
+            return;
+        struct cllm_request_params p;
+        params(&p, GEN);
+        const char *stops[] = {stop};
+        struct cllm_request *reqs[4];
+        struct cllm_request_output outs[4];
+        memset(outs, 0, sizeof outs);
+        char err[256];
+        for (int i = 0; i < 4; i++) {
+            p.stop = i == 0 ? stops : NULL;
+            p.n_stop = i == 0 ? 1 : 0;
+            CHECKF(cllm_engine_submit(e, prompts[i].v, (int32_t)prompts[i].n, &p, &reqs[i], err,
+                                      sizeof err) == CLLM_OK, "%s", err);
+        }
+        for (int i = 0; i < 4; i++) {
+            while (!cllm_request_poll(reqs[i], -1, &outs[i]))
+                ;
+            cllm_request_release(reqs[i]);
+        }
+        CHECKF(outs[0].reason == CLLM_FINISH_STOP && outs[0].text.len == first &&
+                   memcmp(outs[0].text.data, a->data, first) == 0,
+               "overlap %d: stop string \"%s\" should cut the answer at byte %zu, got %zu bytes",
+               overlap, stop, first, outs[0].text.len);
+        for (int i = 1; i < 4; i++)
+            CHECKF(outs[i].text.len == alone[i].len &&
+                       memcmp(outs[i].text.data, alone[i].data, alone[i].len) == 0,
+                   "overlap %d: question %d changed next to a stopped request", overlap, i);
+        struct cllm_engine_stats st;
+        wait_idle(e, &st);
+        CHECK(st.kv_blocks_used == 0 && st.running == 0 && st.requests_finished == 4);
+        for (int i = 0; i < 4; i++)
+            cllm_buf_free(&outs[i].text);
+        cllm_engine_free(e);
+    }
+}
+
 static void test_invariance(void)
 {
     struct cllm_buf alone[N_Q] = {0}, batched[N_Q] = {0}, squeezed[N_Q] = {0};
@@ -115,6 +179,11 @@ static void test_invariance(void)
     if (!e)
         return;
     run(e, N_Q, 1, alone);
+    cllm_engine_free(e);
+    e = engine_overlap(0, 256, 512, 0, 1);
+    if (!e)
+        return;
+    run(e, N_Q, 1, alone); /* again, so the prefix cache holds the prompts as before */
     run(e, N_Q, N_Q, batched);
     struct cllm_engine_stats st;
     cllm_engine_stats(e, &st);
@@ -125,7 +194,7 @@ static void test_invariance(void)
     cllm_engine_free(e);
     /* 16 blocks of 16 tokens: about three sequences fit, so the rest wait or are preempted. */
     int64_t per_token = 24 * 2 * 2 * 64 * 4; /* layers x (K,V) x kv heads x head dim x F32 */
-    e = engine(per_token * 16 * 16, 64, 256, 0);
+    e = engine_overlap(per_token * 16 * 16, 64, 256, 0, 1);
     if (!e)
         return;
     run(e, N_Q, N_Q, squeezed);
@@ -135,6 +204,7 @@ static void test_invariance(void)
     CHECK(st.preemptions > 0);
     CHECK(st.kv_blocks_used == 0);
     cllm_engine_free(e);
+    test_stop_string(alone);
     for (int i = 0; i < N_Q; i++) {
         CHECKF(alone[i].len > 0 && batched[i].len == alone[i].len &&
                    memcmp(batched[i].data, alone[i].data, alone[i].len) == 0,

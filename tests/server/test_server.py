@@ -47,14 +47,14 @@ def free_port():
 class Server:
     """One `cllm serve` process; stderr goes to a temporary file shown on failure."""
 
-    def __init__(self, *extra):
+    def __init__(self, *extra, env=None):
         self.port = free_port()
         self.log = tempfile.TemporaryFile()
         self.t0 = time.monotonic()
         self.proc = subprocess.Popen(
             [BIN, "serve", "--model", GGUF, "--host", "127.0.0.1", "--port", str(self.port),
              "--threads", "2", "--max-tokens", "16", *extra],
-            stdout=subprocess.DEVNULL, stderr=self.log)
+            stdout=subprocess.DEVNULL, stderr=self.log, env={**os.environ, **(env or {})})
         self.statuses = []  # (status, body) of GET / until it answered 200
         self.loading_posts = []  # (status, body) of POST /predict sent while GET / said 503
 
@@ -618,6 +618,38 @@ def test_auth_and_queue():
         check(rc == 0, f"second server exits 0 on SIGTERM: {rc}")
 
 
+def test_lost_device():
+    """The device stops answering for good (CLLM_FAULT_FILE, src/backend/fault.h, as after a
+    CUDA illegal address): the request in flight gets an error, the health check turns 503 with
+    the reason, new requests get 503 at once, and the process still exits cleanly."""
+    trigger = os.path.join(tempfile.mkdtemp(prefix="cllm-fault-"), "lost")
+    srv = Server(env={"CLLM_FAULT_FILE": trigger})
+    try:
+        if not check(srv.wait_ready(), "third server (fault file) ready"):
+            return
+        port = srv.port
+        st, _, j = post(port, "/predict", {"prompt": "hi", "max_tokens": 2})
+        check(st == 200 and isinstance(j, dict) and "response" in j, f"served before the fault: {st} {j}")
+        open(trigger, "w").close()
+        st, _, j = post(port, "/predict", {"prompt": "hi", "max_tokens": 2})
+        check(st >= 500 and is_error(j), f"the request on the failing device gets an error: {st} {j}")
+        st, _, body = request(port, "GET", "/health")
+        h = json.loads(body)
+        check(st == 503 and h.get("status") == "error" and "restart" in h.get("error", ""),
+              f"health reports the lost device: {st} {h}")
+        st, _, j = post(port, "/predict", {"prompt": ["a", "b"], "max_tokens": 2})
+        check(st == 503 and is_error(j) and "restart" in j["error"]["message"],
+              f"new requests are refused at once: {st} {j}")
+        st, _, _ = request(port, "GET", "/metrics")
+        check(st == 200, "metrics still answer")
+    finally:
+        rc = srv.stop()
+        check(rc == 0, f"the server on a lost device exits 0 on SIGTERM: {rc}")
+        if os.path.exists(trigger):
+            os.unlink(trigger)
+        os.rmdir(os.path.dirname(trigger))
+
+
 def test_sigterm(srv):
     # SIGTERM while a stream is in flight: the stream ends, the process exits 0 quickly.
     s = raw_post(srv.port, "/v1/completions", {"prompt": COUNTING, "max_tokens": 400, "stream": True})
@@ -675,6 +707,7 @@ def main():
         if failed:
             srv.dump()
     test_auth_and_queue()
+    test_lost_device()
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 

@@ -56,6 +56,8 @@ struct cuda {
     struct cllm_sample_row *rows_dev;
     int32_t *tokens_dev, *tokens_host; /* tokens_host is pinned */
     int32_t sample_cap;
+    int32_t *tokens_dst; /* the caller's array the next sync fills from tokens_host, or NULL */
+    int32_t tokens_n, tokens_vocab;
     void *sample_scratch;
     size_t sample_scratch_size;
     /* RoPE frequencies of the last (theta, head_dim) asked for */
@@ -424,7 +426,7 @@ static enum cllm_status cu_sample(struct cllm_backend *be, const float *logits, 
     struct cuda *c = cuda_of(be);
     if (n <= 0)
         return CLLM_OK;
-    if (c->capturing || n_vocab <= 0)
+    if (c->capturing || n_vocab <= 0 || c->tokens_dst) /* one draw in flight at a time */
         return CLLM_ERR_INVALID_ARG;
     TRY(use_device(c));
     TRY(sample_buffers(c, n, n_vocab));
@@ -437,14 +439,7 @@ static enum cllm_status cu_sample(struct cllm_backend *be, const float *logits, 
     TRY(check_cuda(cudaMemcpyAsync(c->tokens_host, c->tokens_dev, (size_t)n * sizeof(int32_t),
                                    cudaMemcpyDeviceToHost, c->stream),
                    "download (tokens)"));
-    TRY(check_cuda(cudaStreamSynchronize(c->stream), "sample"));
-    memcpy(tokens, c->tokens_host, (size_t)n * sizeof(int32_t));
-    for (int32_t i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= n_vocab) {
-            cllm_log(CLLM_LOG_ERROR, "cuda: the sampler returned token %d of %d", (int)tokens[i],
-                     (int)n_vocab);
-            return CLLM_ERR_DEVICE;
-        }
+    c->tokens_dst = tokens, c->tokens_n = n, c->tokens_vocab = n_vocab;
     return CLLM_OK;
 }
 
@@ -500,8 +495,20 @@ static enum cllm_status cu_graph_end(struct cllm_backend *be, uint64_t key)
 static enum cllm_status cu_sync(struct cllm_backend *be)
 {
     struct cuda *c = cuda_of(be);
+    int32_t *tokens = c->tokens_dst;
+    c->tokens_dst = NULL; /* a failed sync leaves the caller's tokens unwritten */
     TRY(use_device(c));
-    return check_cuda(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize");
+    TRY(check_cuda(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize"));
+    if (!tokens)
+        return CLLM_OK;
+    memcpy(tokens, c->tokens_host, (size_t)c->tokens_n * sizeof(int32_t));
+    for (int32_t i = 0; i < c->tokens_n; i++)
+        if (tokens[i] < 0 || tokens[i] >= c->tokens_vocab) {
+            cllm_log(CLLM_LOG_ERROR, "cuda: the sampler returned token %d of %d", (int)tokens[i],
+                     (int)c->tokens_vocab);
+            return CLLM_ERR_DEVICE;
+        }
+    return CLLM_OK;
 }
 
 /* --- lifetime --- */

@@ -1,0 +1,81 @@
+/* The fault-injecting wrapper of fault.h. It shares the wrapped backend's ctx, so the wrapped
+ * ops run unchanged; only the calls a lost device would fail on are replaced. Enabled by
+ * CLLM_FAULT_FILE (backend.c): never on unless a test asks. */
+#include "backend/fault.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/log.h"
+
+struct fault {
+    struct cllm_backend be; /* first: the ops get this pointer back */
+    struct cllm_backend_iface iface;
+    struct cllm_backend *inner;
+    char *trigger;
+    bool lost;
+};
+
+static struct fault *fault_of(struct cllm_backend *be)
+{
+    return (struct fault *)be;
+}
+
+static bool lost(struct fault *f)
+{
+    if (!f->lost && access(f->trigger, F_OK) == 0) {
+        cllm_log(CLLM_LOG_ERROR, "fault: %s exists: the device is lost from now on", f->trigger);
+        f->lost = true;
+    }
+    return f->lost;
+}
+
+static enum cllm_status fault_sync(struct cllm_backend *be)
+{
+    struct fault *f = fault_of(be);
+    return lost(f) ? CLLM_ERR_DEVICE : f->inner->iface->sync(be);
+}
+
+static enum cllm_status fault_upload(struct cllm_backend *be, void *dst, const void *src, size_t n)
+{
+    struct fault *f = fault_of(be);
+    return f->lost ? CLLM_ERR_DEVICE : f->inner->iface->upload(be, dst, src, n);
+}
+
+static enum cllm_status fault_download(struct cllm_backend *be, void *dst, const void *src,
+                                       size_t n)
+{
+    struct fault *f = fault_of(be);
+    return f->lost ? CLLM_ERR_DEVICE : f->inner->iface->download(be, dst, src, n);
+}
+
+static void fault_free(struct cllm_backend *be)
+{
+    struct fault *f = fault_of(be);
+    cllm_backend_free(f->inner);
+    free(f->trigger);
+    free(f);
+}
+
+enum cllm_status cllm_backend_fault_wrap(struct cllm_backend **be, const char *trigger)
+{
+    struct fault *f = calloc(1, sizeof *f);
+    char *t = strdup(trigger);
+    if (!f || !t) {
+        free(f);
+        free(t);
+        return CLLM_ERR_NOMEM;
+    }
+    f->inner = *be;
+    f->trigger = t;
+    f->iface = *(*be)->iface;
+    f->iface.free = fault_free;
+    f->iface.sync = fault_sync;
+    f->iface.upload = fault_upload;
+    f->iface.download = fault_download;
+    f->be.iface = &f->iface;
+    f->be.ctx = (*be)->ctx;
+    *be = &f->be;
+    return CLLM_OK;
+}

@@ -1,0 +1,13 @@
+/* A lost device, on demand, for tests of what the engine and server do when the GPU stops
+ * answering (a CUDA error that sticks, such as an illegal address, fails every later call). */
+#ifndef CLLM_BACKEND_FAULT_H
+#define CLLM_BACKEND_FAULT_H
+
+#include "backend/backend.h"
+
+/* Wraps *be: it works as before until a sync finds the file `trigger` present; from then on
+ * every sync, upload and download fails with CLLM_ERR_DEVICE. On success *be is the wrapper,
+ * which owns (and frees) the original; on failure *be is unchanged. */
+enum cllm_status cllm_backend_fault_wrap(struct cllm_backend **be, const char *trigger);
+
+#endif
