@@ -300,7 +300,16 @@ static void test_gemm(int32_t N, int32_t K, int32_t n_max, bool with_bias)
     const int32_t ldy = N + 3;
     const float *b = with_bias ? bias.data() : NULL;
     std::vector<float> y_all((size_t)n_max * ldy, -7.0f);
-    CHECK(cllm_cuda_gemm(w.data(), b, N, K, x.data(), n_max, y_all.data(), ldy, 0) == cudaSuccess);
+    CHECK(cllm_cuda_gemm(w.data(), b, N, K, x.data(), n_max, y_all.data(), ldy, NULL, 0, 0) == cudaSuccess);
+    /* With scratch the tiled kernel's slices run in parallel blocks: the same bits. */
+    size_t scratch_bytes = cllm_cuda_gemm_scratch_bytes(N, K, n_max);
+    if (cllm_cuda_gemm_slices(N, K) > 1 && n_max > CLLM_CUDA_GEMM_SKINNY_MAX)
+        CHECKF(scratch_bytes > 0, "gemm N=%d K=%d: no parallel slices for %d tokens", N, K, n_max);
+    if (scratch_bytes) {
+        std::vector<float> scratch(scratch_bytes / 4, NAN), y_par((size_t)n_max * ldy, -7.0f);
+        CHECK(cllm_cuda_gemm(w.data(), b, N, K, x.data(), n_max, y_par.data(), ldy, scratch.data(), scratch_bytes, 0) == cudaSuccess);
+        CHECKF(memcmp(y_par.data(), y_all.data(), y_all.size() * 4) == 0, "gemm N=%d K=%d: parallel slices differ from sequential", N, K);
+    }
     int64_t bad = 0;
     for (int32_t t = 0; t < n_max; t++) {
         for (int32_t i = 0; i < N; i++) {
@@ -326,7 +335,8 @@ static void test_gemm(int32_t N, int32_t K, int32_t n_max, bool with_bias)
         std::vector<__nv_bfloat16> xs((size_t)n * K);
         for (int32_t i = 0; i < n; i++) memcpy(&xs[(size_t)i * K], &x[(size_t)pick[i] * K], (size_t)K * 2);
         std::vector<float> ys((size_t)n * ldy, -7.0f);
-        CHECK(cllm_cuda_gemm(w.data(), b, N, K, xs.data(), n, ys.data(), ldy, 0) == cudaSuccess);
+        std::vector<float> scratch(cllm_cuda_gemm_scratch_bytes(N, K, n) / 4 + 1);
+        CHECK(cllm_cuda_gemm(w.data(), b, N, K, xs.data(), n, ys.data(), ldy, scratch.data(), scratch.size() * 4, 0) == cudaSuccess);
         int32_t differ = 0;
         for (int32_t i = 0; i < n; i++)
             differ += memcmp(&ys[(size_t)i * ldy], &y_all[(size_t)pick[i] * ldy], (size_t)N * 4) != 0;
@@ -359,9 +369,9 @@ int main(int argc, char **argv)
     /* refused operands */
     std::vector<__nv_bfloat16> w8(64), x8(64);
     std::vector<float> y8(64);
-    CHECK(cllm_cuda_gemm(w8.data(), NULL, 4, 12, x8.data(), 2, y8.data(), 4, 0) == cudaErrorInvalidValue); /* K % 8 */
-    CHECK(cllm_cuda_gemm(w8.data() + 1, NULL, 4, 8, x8.data(), 2, y8.data(), 4, 0) == cudaErrorInvalidValue); /* alignment */
-    CHECK(cllm_cuda_gemm(w8.data(), NULL, 4, 8, x8.data(), 2, y8.data(), 3, 0) == cudaErrorInvalidValue);     /* ldy < N */
+    CHECK(cllm_cuda_gemm(w8.data(), NULL, 4, 12, x8.data(), 2, y8.data(), 4, NULL, 0, 0) == cudaErrorInvalidValue); /* K % 8 */
+    CHECK(cllm_cuda_gemm(w8.data() + 1, NULL, 4, 8, x8.data(), 2, y8.data(), 4, NULL, 0, 0) == cudaErrorInvalidValue); /* alignment */
+    CHECK(cllm_cuda_gemm(w8.data(), NULL, 4, 8, x8.data(), 2, y8.data(), 3, NULL, 0, 0) == cudaErrorInvalidValue);     /* ldy < N */
     printf("%d checks, %d failed\n", checks, fails);
     return fails != 0;
 }

@@ -9,8 +9,9 @@
  * GEMMs (BF16 inputs, F32 accumulate and output) go to our batch-invariant kernel (gemm.cu),
  * so that a token's result never depends on the rest of its step; cuBLAS takes the operands that
  * kernel refuses (K not a multiple of 8, a vendor without MMA) and every GEMM when CLLM_CUBLAS=1
- * is set, for comparison. The other ops are our kernels (kernels.cu, attention.cu, sample.cu). Every op only queues work on the stream, so a whole
- * decode step can be recorded once into a CUDA graph and replayed (graph_begin/graph_end).
+ * is set, for comparison. The other ops are our kernels (kernels.cu, attention.cu, sample.cu).
+ * Every op only queues work on the stream, so a whole decode step can be recorded once into a CUDA
+ * graph and replayed (graph_begin/graph_end).
  *
  * Errors: every CUDA and cuBLAS call is checked; a failure is logged with the call that made
  * it and becomes CLLM_ERR_DEVICE (CLLM_ERR_NOMEM when memory ran out), never an abort.
@@ -50,7 +51,9 @@ struct cuda {
     cudaStream_t stream;
     cublasHandle_t blas;
     void *blas_workspace;
-    bool cublas_only; /* CLLM_CUBLAS=1: every GEMM through cuBLAS (not batch-invariant) */
+    bool cublas_only;   /* CLLM_CUBLAS=1: every GEMM through cuBLAS (not batch-invariant) */
+    void *gemm_scratch; /* slices of the tiled GEMM run in parallel through this (gemm.h) */
+    size_t gemm_scratch_size;
     void *staging; /* pinned, STAGING_BYTES */
     /* device sampling */
     struct cllm_sample_row *rows_dev;
@@ -296,6 +299,25 @@ static enum cllm_status cu_add_rmsnorm(struct cllm_backend *be, float *res, cons
                       "add_rmsnorm");
 }
 
+static void drop_graphs(struct cuda *c);
+
+/* The GEMM's scratch, grown outside recordings only (a recording may not allocate; short of
+ * scratch the GEMM computes the same bits with fewer blocks). Recorded steps hold the old
+ * pointer, so they are dropped and recorded again. */
+static enum cllm_status grow_gemm_scratch(struct cuda *c, size_t need)
+{
+    if (need <= c->gemm_scratch_size || c->capturing)
+        return CLLM_OK;
+    TRY(check_cuda(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize"));
+    drop_graphs(c);
+    cudaFree(c->gemm_scratch);
+    c->gemm_scratch = NULL;
+    c->gemm_scratch_size = 0;
+    TRY(check_cuda(cudaMalloc(&c->gemm_scratch, need), "cudaMalloc (GEMM scratch)"));
+    c->gemm_scratch_size = need;
+    return CLLM_OK;
+}
+
 static enum cllm_status cu_matmul(struct cllm_backend *be, const struct cllm_weight *w,
                                   const struct cllm_weight *bias, const void *x, int32_t n,
                                   float *y, int32_t ldy)
@@ -308,10 +330,13 @@ static enum cllm_status cu_matmul(struct cllm_backend *be, const struct cllm_wei
         return CLLM_OK;
     int K = (int)w->ne[0], N = (int)w->ne[1];
     const float *b = bias ? (const float *)bias->data : NULL;
-    if (!c->cublas_only && cllm_cuda_gemm_supported(w->data, x, K))
+    if (!c->cublas_only && cllm_cuda_gemm_supported(w->data, x, K)) {
+        TRY(grow_gemm_scratch(c, cllm_cuda_gemm_scratch_bytes(N, K, n)));
         return check_cuda(cllm_cuda_gemm((const __nv_bfloat16 *)w->data, b, N, K,
-                                         (const __nv_bfloat16 *)x, n, y, ldy, c->stream),
+                                         (const __nv_bfloat16 *)x, n, y, ldy, c->gemm_scratch,
+                                         c->gemm_scratch_size, c->stream),
                           "gemm");
+    }
     const float alpha = 1.0f, beta = 0.0f;
     /* Column-major view: Y^T [N x n] = W [K x N]^T * X^T [K x n]. */
     TRY(check_blas(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &alpha, w->data,
@@ -528,6 +553,7 @@ static void cu_free(struct cllm_backend *be)
     cudaFree(c->tokens_dev);
     cudaFreeHost(c->tokens_host);
     cudaFree(c->sample_scratch);
+    cudaFree(c->gemm_scratch);
     if (c->stream)
         cudaStreamDestroy(c->stream);
     free(c);
@@ -614,7 +640,8 @@ extern "C" enum cllm_status cllm_backend_cuda_new(struct cllm_backend **out, int
         cllm_log(CLLM_LOG_INFO, "cuda: device %d: %s, %d SMs, %.1f GiB, compute %d.%d, GEMM: %s",
                  (int)device, prop.name, prop.multiProcessorCount,
                  (double)prop.totalGlobalMem / (1 << 30), prop.major, prop.minor,
-                 c->cublas_only ? "cuBLAS (CLLM_CUBLAS=1, not batch-invariant)" : "batch-invariant");
+                 c->cublas_only ? "cuBLAS (CLLM_CUBLAS=1, not batch-invariant)"
+                                : "batch-invariant");
     *out = &c->be;
     return CLLM_OK;
 }

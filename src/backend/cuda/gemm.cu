@@ -153,10 +153,12 @@ tile_row(const __nv_bfloat16 *w, const __nv_bfloat16 *x, int32_t i, int r, int32
 /* Prefill steps: block = TILE_M rows x TILE_N tokens staged through shared memory (double
  * buffered: chunk c + 1 is fetched into registers while chunk c is multiplied). Each element
  * keeps the running slice (acc) apart from the finished ones (total), so the sums happen in
- * exactly the skinny kernel's order. */
+ * exactly the skinny kernel's order. With `partials`, block z computes slice z alone and
+ * stores it there ([S][n][N]) for gemm_reduce: the same sums, spread over more blocks when
+ * the tiles alone would leave SMs idle (N = 1536 at 192 tokens is 36 tiles). */
 static __global__ void __launch_bounds__(TILED_THREADS, 2)
     gemm_tiled(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K,
-               const __nv_bfloat16 *x, int32_t n, float *y, int32_t ldy, int32_t S)
+               const __nv_bfloat16 *x, int32_t n, float *y, int32_t ldy, int32_t S, float *partials)
 {
     /* rows 0..TILE_M-1: the W rows of the tile; TILE_M..: its tokens */
     __shared__ uint4 tile[2][TILE_M + TILE_N][VECS];
@@ -185,17 +187,22 @@ static __global__ void __launch_bounds__(TILED_THREADS, 2)
             for (int e = 0; e < 4; e++)
                 acc[mt][nt][e] = total[mt][nt][e] = 0.0f;
 
+    /* chunks [c_begin, c_end): all of K, or slice blockIdx.z alone */
+    int32_t s = partials ? (int32_t)blockIdx.z : 0;
+    const int32_t c_begin = slice_start(s, chunks, S);
+    const int32_t c_end = partials ? slice_start(s + 1, chunks, S) : chunks;
+    int32_t slice_end = slice_start(s + 1, chunks, S);
+    bool first = true;
 #pragma unroll
     for (int i = 0; i < TILED_LOADS; i++) {
         const int idx = tid + i * TILED_THREADS;
         tile[0][idx / VECS][idx % VECS] =
-            load_vec(tile_row(w, x, src[i], idx / VECS, K), idx % VECS * 8, K);
+            load_vec(tile_row(w, x, src[i], idx / VECS, K), c_begin * CHUNK + idx % VECS * 8, K);
     }
     __syncthreads();
-    int32_t s = 0, slice_end = slice_start(1, chunks, S);
-    for (int32_t c = 0; c < chunks; c++) {
-        const int b = c & 1;
-        const bool more = c + 1 < chunks;
+    for (int32_t c = c_begin; c < c_end; c++) {
+        const int b = (c - c_begin) & 1;
+        const bool more = c + 1 < c_end;
         if (more) {
 #pragma unroll
             for (int i = 0; i < TILED_LOADS; i++)
@@ -222,9 +229,10 @@ static __global__ void __launch_bounds__(TILED_THREADS, 2)
                 for (int nt = 0; nt < 4; nt++)
                     for (int e = 0; e < 4; e++) {
                         total[mt][nt][e] =
-                            s == 0 ? acc[mt][nt][e] : total[mt][nt][e] + acc[mt][nt][e];
+                            first ? acc[mt][nt][e] : total[mt][nt][e] + acc[mt][nt][e];
                         acc[mt][nt][e] = 0.0f;
                     }
+            first = false;
             s++;
             slice_end = slice_start(s + 1, chunks, S);
         }
@@ -244,15 +252,52 @@ static __global__ void __launch_bounds__(TILED_THREADS, 2)
             for (int e = 0; e < 4; e++) {
                 const int32_t row = row0 + wm * WARP_M + mt * 16 + acc_row(lane, e);
                 const int32_t tok = tok0 + wn * WARP_N + nt * 8 + acc_tok(lane, e);
-                if (row < N && tok < n)
+                if (row >= N || tok >= n)
+                    continue;
+                if (partials)
+                    partials[((int64_t)blockIdx.z * n + tok) * N + row] = total[mt][nt][e];
+                else
                     y[(int64_t)tok * ldy + row] =
                         bias ? total[mt][nt][e] + bias[row] : total[mt][nt][e];
             }
 }
 
+/* y = ((P_0 + P_1) + ... + P_{S-1}) + bias from the tiled kernel's per-slice partials. */
+static __global__ void gemm_reduce(const float *partials, const float *bias, int32_t N, int32_t n,
+                                   int32_t S, float *y, int32_t ldy)
+{
+    const int64_t total = (int64_t)n * N;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int32_t tok = (int32_t)(i / N), row = (int32_t)(i % N);
+        float v = partials[i];
+        for (int32_t sl = 1; sl < S; sl++)
+            v += partials[(int64_t)sl * total + i];
+        y[(int64_t)tok * ldy + row] = bias ? v + bias[row] : v;
+    }
+}
+
+/* The tiled kernel spreads slices over blocks when its tiles number fewer than this (about
+ * two per SM on an H100/H200). */
+#define PARALLEL_BELOW_BLOCKS 256
+
+static bool slices_in_parallel(int32_t N, int32_t K, int32_t n)
+{
+    int64_t tiles = ((int64_t)n + TILE_N - 1) / TILE_N * (((int64_t)N + TILE_M - 1) / TILE_M);
+    return n > CLLM_CUDA_GEMM_SKINNY_MAX && cllm_cuda_gemm_slices(N, K) > 1 &&
+           tiles < PARALLEL_BELOW_BLOCKS;
+}
+
+size_t cllm_cuda_gemm_scratch_bytes(int32_t N, int32_t K, int32_t n)
+{
+    if (N <= 0 || n <= 0 || !slices_in_parallel(N, K, n))
+        return 0;
+    return (size_t)cllm_cuda_gemm_slices(N, K) * (size_t)n * (size_t)N * sizeof(float);
+}
+
 cudaError_t cllm_cuda_gemm(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K,
-                           const __nv_bfloat16 *x, int32_t n, float *y, int32_t ldy,
-                           cudaStream_t stream)
+                           const __nv_bfloat16 *x, int32_t n, float *y, int32_t ldy, void *scratch,
+                           size_t scratch_bytes, cudaStream_t stream)
 {
     if (N < 0 || n < 0 || ldy < N || !cllm_cuda_gemm_supported(w, x, K))
         return cudaErrorInvalidValue;
@@ -267,8 +312,20 @@ cudaError_t cllm_cuda_gemm(const __nv_bfloat16 *w, const float *bias, int32_t N,
     else if (n <= CLLM_CUDA_GEMM_SKINNY_MAX)
         gemm_skinny<4><<<row_tiles, S * 32, 0, stream>>>(w, bias, N, K, x, n, y, ldy, S);
     else {
-        dim3 grid((unsigned)((n + TILE_N - 1) / TILE_N), (unsigned)((N + TILE_M - 1) / TILE_M));
-        gemm_tiled<<<grid, TILED_THREADS, 0, stream>>>(w, bias, N, K, x, n, y, ldy, S);
+        const size_t need = cllm_cuda_gemm_scratch_bytes(N, K, n);
+        const bool parallel = need > 0 && scratch && scratch_bytes >= need;
+        dim3 grid((unsigned)((n + TILE_N - 1) / TILE_N), (unsigned)((N + TILE_M - 1) / TILE_M),
+                  parallel ? (unsigned)S : 1u);
+        float *partials = parallel ? (float *)scratch : NULL;
+        gemm_tiled<<<grid, TILED_THREADS, 0, stream>>>(w, bias, N, K, x, n, y, ldy, S, partials);
+        if (parallel) {
+            cudaError_t e = cudaGetLastError();
+            if (e != cudaSuccess)
+                return e;
+            const int64_t blocks = ((int64_t)n * N + 255) / 256;
+            gemm_reduce<<<(unsigned)(blocks < 65535 ? blocks : 65535), 256, 0, stream>>>(
+                partials, bias, N, n, S, y, ldy);
+        }
     }
     return cudaGetLastError();
 }
@@ -281,11 +338,18 @@ int cllm_cuda_gemm_supported(const void *w, const void *x, int32_t K)
     return 0;
 }
 
-cudaError_t cllm_cuda_gemm(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K,
-                           const __nv_bfloat16 *x, int32_t n, float *y, int32_t ldy,
-                           cudaStream_t stream)
+size_t cllm_cuda_gemm_scratch_bytes(int32_t N, int32_t K, int32_t n)
 {
-    (void)w, (void)bias, (void)N, (void)K, (void)x, (void)n, (void)y, (void)ldy, (void)stream;
+    (void)N, (void)K, (void)n;
+    return 0;
+}
+
+cudaError_t cllm_cuda_gemm(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K,
+                           const __nv_bfloat16 *x, int32_t n, float *y, int32_t ldy, void *scratch,
+                           size_t scratch_bytes, cudaStream_t stream)
+{
+    (void)w, (void)bias, (void)N, (void)K, (void)x, (void)n, (void)y, (void)ldy, (void)scratch,
+        (void)scratch_bytes, (void)stream;
     return cudaErrorInvalidValue;
 }
 

@@ -12,13 +12,15 @@
  *
  * Two kernels implement that one formula: a "skinny" one for decode steps (n <= 32; one warp
  * per 16 rows x slice, streaming W with 16-byte loads, slices reduced in shared memory) and a
- * tiled one for prefill (128 rows x 64 tokens per block through shared memory).
+ * tiled one for larger steps (128 rows x 64 tokens per block through shared memory; slices one
+ * after the other in the block, or in parallel blocks summed by a second kernel in order).
  */
 #ifndef CLLM_BACKEND_CUDA_GEMM_H
 #define CLLM_BACKEND_CUDA_GEMM_H
 
 #include "backend/cuda/vendor.h"
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* Steps with at most this many tokens take the skinny kernel. */
@@ -32,9 +34,15 @@ int32_t cllm_cuda_gemm_slices(int32_t N, int32_t K);
  * lane loads 8 BF16 at a time). */
 int cllm_cuda_gemm_supported(const void *w, const void *x, int32_t K);
 
-/* y[t][i] = sum_k w[i][k] x[t][k] (+ bias[i]) for t < n, i < N; y rows of stride ldy >= N. */
+/* Device scratch with which cllm_cuda_gemm runs the slices of an [N][K] weight over n tokens
+ * in parallel blocks (0: it never does for this shape). Without it the same sums run one after
+ * the other in each block: same bits, fewer blocks busy. */
+size_t cllm_cuda_gemm_scratch_bytes(int32_t N, int32_t K, int32_t n);
+
+/* y[t][i] = sum_k w[i][k] x[t][k] (+ bias[i]) for t < n, i < N; y rows of stride ldy >= N.
+ * scratch (device, may be NULL) is used if it holds cllm_cuda_gemm_scratch_bytes. */
 cudaError_t cllm_cuda_gemm(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K,
-                           const __nv_bfloat16 *x, int32_t n, float *y, int32_t ldy,
-                           cudaStream_t stream);
+                           const __nv_bfloat16 *x, int32_t n, float *y, int32_t ldy, void *scratch,
+                           size_t scratch_bytes, cudaStream_t stream);
 
 #endif
