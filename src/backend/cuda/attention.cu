@@ -20,10 +20,10 @@
 
 #include "backend/cuda/kernels.h"
 
-#define TILE 32        /* keys per shared-memory tile: one per lane */
-#define MAX_GROUP 16   /* query heads per KV head (warps per block) */
-#define MAX_SPLITS 16  /* blocks one (token, head) is split over at most */
-#define SPLIT_MIN 256  /* keys per split at least */
+#define TILE 32       /* keys per shared-memory tile: one per lane */
+#define MAX_GROUP 16  /* query heads per KV head (warps per block) */
+#define MAX_SPLITS 16 /* blocks one (token, head) is split over at most */
+#define SPLIT_MIN 256 /* keys per split at least */
 
 /* Keys per split for a token that attends to len keys: a function of len alone. */
 static __host__ __device__ int32_t split_len_for(int32_t len)
@@ -52,9 +52,9 @@ template <int D>
 static __global__ void __launch_bounds__(32 * MAX_GROUP)
     attention_kernel(struct cllm_cuda_batch b, const float *q, int32_t ldq,
                      const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache, int32_t n_head,
-                     int32_t n_kv, float scale, __nv_bfloat16 *out, float *part_acc,
-                     float *part_ml)
+                     int32_t n_kv, float scale, __nv_bfloat16 *out, float *part_acc, float *part_ml)
 {
+    cllm_pdl_wait();
     constexpr int HD = 32 * D;
     /* K rows padded by one 4-byte word: lane j reads row j, and an odd row stride in words
      * puts the 32 lanes on 32 different banks. */
@@ -84,7 +84,7 @@ static __global__ void __launch_bounds__(32 * MAX_GROUP)
         acc[i] = 0.0f;
 
     for (int32_t p0 = start; p0 < end; p0 += TILE) {
-        __syncthreads(); /* the previous tile is consumed (and qs is visible) */
+        __syncthreads();               /* the previous tile is consumed (and qs is visible) */
         constexpr int CHUNKS = HD / 8; /* 16-byte chunks per row */
         for (int c = threadIdx.x; c < TILE * CHUNKS; c += blockDim.x) {
             int j = c / CHUNKS, e = (c % CHUNKS) * 8;
@@ -157,6 +157,7 @@ static __global__ void combine_kernel(struct cllm_cuda_batch b, int32_t n_head, 
                                       const float *part_acc, const float *part_ml,
                                       __nv_bfloat16 *out)
 {
+    cllm_pdl_wait();
     const int32_t t = blockIdx.x, h = blockIdx.y;
     const int32_t len = b.pos[t] + 1, split_len = split_len_for(len);
     const int32_t n_splits = (len + split_len - 1) / split_len;
@@ -205,15 +206,14 @@ cudaError_t cllm_cuda_attention(const struct cllm_cuda_batch *b, const float *q,
     dim3 grid((unsigned)b->n_tokens, (unsigned)n_kv, (unsigned)splits);
     unsigned threads = 32u * (unsigned)(n_head / n_kv);
     if (head_dim == 64)
-        attention_kernel<2><<<grid, threads, 0, stream>>>(*b, q, ldq, k_cache, v_cache, n_head,
-                                                          n_kv, scale, out, part_acc, part_ml);
+        cllm_launch(attention_kernel<2>, grid, threads, 0, stream, *b, q, ldq, k_cache, v_cache,
+                    n_head, n_kv, scale, out, part_acc, part_ml);
     else
-        attention_kernel<4><<<grid, threads, 0, stream>>>(*b, q, ldq, k_cache, v_cache, n_head,
-                                                          n_kv, scale, out, part_acc, part_ml);
+        cllm_launch(attention_kernel<4>, grid, threads, 0, stream, *b, q, ldq, k_cache, v_cache,
+                    n_head, n_kv, scale, out, part_acc, part_ml);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess || splits == 1)
         return e;
-    combine_kernel<<<dim3((unsigned)b->n_tokens, (unsigned)n_head), (unsigned)head_dim, 0,
-                     stream>>>(*b, n_head, head_dim, part_acc, part_ml, out);
-    return cudaGetLastError();
+    return cllm_launch(combine_kernel, dim3((unsigned)b->n_tokens, (unsigned)n_head),
+                       (unsigned)head_dim, 0, stream, *b, n_head, head_dim, part_acc, part_ml, out);
 }

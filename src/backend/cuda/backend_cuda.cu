@@ -40,6 +40,8 @@ extern "C" {
 #define STAGING_BYTES ((size_t)16 << 20) /* pinned buffer weights are converted through */
 #define MAX_GRAPHS 256
 
+bool cllm_cuda_pdl = false; /* vendor.h */
+
 struct graph_entry {
     uint64_t key;
     cudaGraphExec_t exec;
@@ -636,12 +638,17 @@ extern "C" enum cllm_status cllm_backend_cuda_new(struct cllm_backend **out, int
     const char *cublas_env = getenv("CLLM_CUBLAS");
     c->cublas_only = cublas_env && strcmp(cublas_env, "1") == 0;
     struct cudaDeviceProp prop;
-    if (cudaGetDeviceProperties(&prop, device) == cudaSuccess)
-        cllm_log(CLLM_LOG_INFO, "cuda: device %d: %s, %d SMs, %.1f GiB, compute %d.%d, GEMM: %s",
+    if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
+        const char *no_pdl = getenv("CLLM_NO_PDL");
+        cllm_cuda_pdl = prop.major >= 9 && !(no_pdl && strcmp(no_pdl, "1") == 0);
+        cllm_log(CLLM_LOG_INFO,
+                 "cuda: device %d: %s, %d SMs, %.1f GiB, compute %d.%d, GEMM: %s, programmatic "
+                 "dependent launch: %s",
                  (int)device, prop.name, prop.multiProcessorCount,
                  (double)prop.totalGlobalMem / (1 << 30), prop.major, prop.minor,
-                 c->cublas_only ? "cuBLAS (CLLM_CUBLAS=1, not batch-invariant)"
-                                : "batch-invariant");
+                 c->cublas_only ? "cuBLAS (CLLM_CUBLAS=1, not batch-invariant)" : "batch-invariant",
+                 cllm_cuda_pdl ? "on" : "off");
+    }
     *out = &c->be;
     return CLLM_OK;
 }

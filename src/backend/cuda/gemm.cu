@@ -90,6 +90,7 @@ static __global__ void __launch_bounds__(MAX_SLICES * 32)
     gemm_skinny(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K,
                 const __nv_bfloat16 *x, int32_t n, float *y, int32_t ldy, int32_t S)
 {
+    cllm_pdl_wait();
     constexpr int UNROLL = NT <= 2 ? 4 : 2;       /* chunks whose loads are issued together */
     __shared__ float part[MAX_SLICES][NT][4][32]; /* [slice][token tile][element][lane] */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
@@ -160,6 +161,7 @@ static __global__ void __launch_bounds__(TILED_THREADS, 2)
     gemm_tiled(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K,
                const __nv_bfloat16 *x, int32_t n, float *y, int32_t ldy, int32_t S, float *partials)
 {
+    cllm_pdl_wait();
     /* rows 0..TILE_M-1: the W rows of the tile; TILE_M..: its tokens */
     __shared__ uint4 tile[2][TILE_M + TILE_N][VECS];
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
@@ -266,6 +268,7 @@ static __global__ void __launch_bounds__(TILED_THREADS, 2)
 static __global__ void gemm_reduce(const float *partials, const float *bias, int32_t N, int32_t n,
                                    int32_t S, float *y, int32_t ldy)
 {
+    cllm_pdl_wait();
     const int64_t total = (int64_t)n * N;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -306,25 +309,26 @@ cudaError_t cllm_cuda_gemm(const __nv_bfloat16 *w, const float *bias, int32_t N,
     const int32_t S = cllm_cuda_gemm_slices(N, K);
     const unsigned row_tiles = (unsigned)((N + 15) / 16);
     if (n <= 8)
-        gemm_skinny<1><<<row_tiles, S * 32, 0, stream>>>(w, bias, N, K, x, n, y, ldy, S);
+        cllm_launch(gemm_skinny<1>, row_tiles, S * 32, 0, stream, w, bias, N, K, x, n, y, ldy, S);
     else if (n <= 16)
-        gemm_skinny<2><<<row_tiles, S * 32, 0, stream>>>(w, bias, N, K, x, n, y, ldy, S);
+        cllm_launch(gemm_skinny<2>, row_tiles, S * 32, 0, stream, w, bias, N, K, x, n, y, ldy, S);
     else if (n <= CLLM_CUDA_GEMM_SKINNY_MAX)
-        gemm_skinny<4><<<row_tiles, S * 32, 0, stream>>>(w, bias, N, K, x, n, y, ldy, S);
+        cllm_launch(gemm_skinny<4>, row_tiles, S * 32, 0, stream, w, bias, N, K, x, n, y, ldy, S);
     else {
         const size_t need = cllm_cuda_gemm_scratch_bytes(N, K, n);
         const bool parallel = need > 0 && scratch && scratch_bytes >= need;
         dim3 grid((unsigned)((n + TILE_N - 1) / TILE_N), (unsigned)((N + TILE_M - 1) / TILE_M),
                   parallel ? (unsigned)S : 1u);
         float *partials = parallel ? (float *)scratch : NULL;
-        gemm_tiled<<<grid, TILED_THREADS, 0, stream>>>(w, bias, N, K, x, n, y, ldy, S, partials);
+        cllm_launch(gemm_tiled, grid, TILED_THREADS, 0, stream, w, bias, N, K, x, n, y, ldy, S,
+                    partials);
         if (parallel) {
             cudaError_t e = cudaGetLastError();
             if (e != cudaSuccess)
                 return e;
             const int64_t blocks = ((int64_t)n * N + 255) / 256;
-            gemm_reduce<<<(unsigned)(blocks < 65535 ? blocks : 65535), 256, 0, stream>>>(
-                partials, bias, N, n, S, y, ldy);
+            cllm_launch(gemm_reduce, (unsigned)(blocks < 65535 ? blocks : 65535), 256, 0, stream,
+                        partials, bias, N, n, S, y, ldy);
         }
     }
     return cudaGetLastError();

@@ -39,6 +39,7 @@ static __device__ float block_sum(float v)
 static __global__ void embed_kernel(const __nv_bfloat16 *table, int32_t dim, const int32_t *tokens,
                                     float *out)
 {
+    cllm_pdl_wait();
     const __nv_bfloat16 *row = table + (int64_t)tokens[blockIdx.x] * dim;
     float *o = out + (int64_t)blockIdx.x * dim;
     for (int32_t d = threadIdx.x; d < dim; d += blockDim.x)
@@ -51,8 +52,7 @@ cudaError_t cllm_cuda_embed(const __nv_bfloat16 *table, int64_t n_rows, int32_t 
     (void)n_rows; /* ids are checked on the host before a step is queued */
     if (n <= 0)
         return cudaSuccess;
-    embed_kernel<<<n, BLOCK, 0, stream>>>(table, dim, tokens, out);
-    return cudaGetLastError();
+    return cllm_launch(embed_kernel, n, BLOCK, 0, stream, table, dim, tokens, out);
 }
 
 /* --- rmsnorm, add_rmsnorm --- */
@@ -60,6 +60,7 @@ cudaError_t cllm_cuda_embed(const __nv_bfloat16 *table, int64_t n_rows, int32_t 
 static __global__ void rmsnorm_kernel(float *res, const float *x, const float *w, float eps,
                                       int32_t dim, __nv_bfloat16 *out)
 {
+    cllm_pdl_wait();
     int64_t base = (int64_t)blockIdx.x * dim;
     const float *xr = x + base;
     float *rr = res ? res + base : NULL;
@@ -85,8 +86,7 @@ cudaError_t cllm_cuda_rmsnorm(float *res, const float *x, const float *w, float 
 {
     if (n <= 0)
         return cudaSuccess;
-    rmsnorm_kernel<<<n, BLOCK, 0, stream>>>(res, x, w, eps, dim, out);
-    return cudaGetLastError();
+    return cllm_launch(rmsnorm_kernel, n, BLOCK, 0, stream, res, x, w, eps, dim, out);
 }
 
 /* --- bias --- */
@@ -94,6 +94,7 @@ cudaError_t cllm_cuda_rmsnorm(float *res, const float *x, const float *w, float 
 static __global__ void add_bias_kernel(float *y, int32_t ldy, const float *bias, int64_t total,
                                        int32_t N)
 {
+    cllm_pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
         int64_t t = i / N;
@@ -108,8 +109,7 @@ cudaError_t cllm_cuda_add_bias(float *y, int32_t ldy, const float *bias, int32_t
     int64_t total = (int64_t)n * N;
     if (total <= 0)
         return cudaSuccess;
-    add_bias_kernel<<<grid_for(total), BLOCK, 0, stream>>>(y, ldy, bias, total, N);
-    return cudaGetLastError();
+    return cllm_launch(add_bias_kernel, grid_for(total), BLOCK, 0, stream, y, ldy, bias, total, N);
 }
 
 /* --- bias + RoPE + KV store --- */
@@ -122,6 +122,7 @@ static __global__ void qkv_rope_store_kernel(struct cllm_cuda_batch b,
                                              int32_t n_kv, int32_t hd, __nv_bfloat16 *k_cache,
                                              __nv_bfloat16 *v_cache)
 {
+    cllm_pdl_wait();
     __shared__ float cos_s[CLLM_CUDA_MAX_HALF_DIM], sin_s[CLLM_CUDA_MAX_HALF_DIM];
     int32_t t = blockIdx.x, half = hd / 2, pos = b.pos[t], slot = b.slot[t];
     for (int32_t i = threadIdx.x; i < half; i += blockDim.x) {
@@ -171,9 +172,8 @@ cudaError_t cllm_cuda_qkv_rope_store(const struct cllm_cuda_batch *b,
         return cudaSuccess;
     if (head_dim % 2 || head_dim / 2 > CLLM_CUDA_MAX_HALF_DIM)
         return cudaErrorInvalidValue;
-    qkv_rope_store_kernel<<<b->n_tokens, BLOCK, 0, stream>>>(*b, *freqs, qkv, ld, bias, n_head,
-                                                             n_kv, head_dim, k_cache, v_cache);
-    return cudaGetLastError();
+    return cllm_launch(qkv_rope_store_kernel, b->n_tokens, BLOCK, 0, stream, *b, *freqs, qkv, ld,
+                       bias, n_head, n_kv, head_dim, k_cache, v_cache);
 }
 
 /* --- silu_mul, gather --- */
@@ -181,6 +181,7 @@ cudaError_t cllm_cuda_qkv_rope_store(const struct cllm_cuda_batch *b,
 static __global__ void silu_mul_kernel(const float *gate_up, int64_t total, int32_t dim,
                                        __nv_bfloat16 *out)
 {
+    cllm_pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
         int64_t t = i / dim;
@@ -197,13 +198,14 @@ cudaError_t cllm_cuda_silu_mul(const float *gate_up, int32_t n, int32_t dim, __n
     int64_t total = (int64_t)n * dim;
     if (total <= 0)
         return cudaSuccess;
-    silu_mul_kernel<<<grid_for(total), BLOCK, 0, stream>>>(gate_up, total, dim, out);
-    return cudaGetLastError();
+    return cllm_launch(silu_mul_kernel, grid_for(total), BLOCK, 0, stream, gate_up, total, dim,
+                       out);
 }
 
 static __global__ void gather_rows_kernel(const float *x, const int32_t *idx, int32_t dim,
                                           float *out)
 {
+    cllm_pdl_wait();
     const float *src = x + (int64_t)idx[blockIdx.x] * dim;
     float *dst = out + (int64_t)blockIdx.x * dim;
     for (int32_t d = threadIdx.x; d < dim; d += blockDim.x)
@@ -215,6 +217,5 @@ cudaError_t cllm_cuda_gather_rows(const float *x, const int32_t *idx, int32_t n_
 {
     if (n_idx <= 0)
         return cudaSuccess;
-    gather_rows_kernel<<<n_idx, BLOCK, 0, stream>>>(x, idx, dim, out);
-    return cudaGetLastError();
+    return cllm_launch(gather_rows_kernel, n_idx, BLOCK, 0, stream, x, idx, dim, out);
 }

@@ -86,6 +86,16 @@
 #define CUDA_R_16BF MUSA_R_16BF
 #define CUDA_R_32F MUSA_R_32F
 
+
+/* No programmatic dependent launch: kernels are launched the classic way (see below). */
+static __device__ __forceinline__ void cllm_pdl_wait(void) {}
+template <typename... KArgs, typename... Args>
+static inline cudaError_t cllm_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                                      size_t smem, cudaStream_t stream, Args... args)
+{
+    kernel<<<grid, block, smem, stream>>>(static_cast<KArgs>(args)...);
+    return cudaGetLastError();
+}
 #else
 
 #include <cublas_v2.h>
@@ -104,6 +114,41 @@ static __device__ __forceinline__ void cllm_mma_bf16_16816(float d[4], const uns
                  "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/* Programmatic dependent launch (sm_90 and later): a kernel launched with cllm_launch may be
+ * scheduled while the one before it in the stream still runs, which hides the launch gap
+ * between the ~250 small kernels of a decode step. Every such kernel must call
+ * cllm_pdl_wait() before it touches global memory: it waits until the previous kernel has
+ * finished and its writes are visible, then lets the next kernel be scheduled in turn
+ * (tests/tools/test_pdl_discipline.py checks the rule). Elsewhere both are no-ops. */
+static __device__ __forceinline__ void cllm_pdl_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* Set by the backend: the device runs programmatic dependent launch (compute 9.0+) and
+ * CLLM_NO_PDL is not set. One value per process (all our devices are alike). */
+extern bool cllm_cuda_pdl;
+
+template <typename... KArgs, typename... Args>
+static inline cudaError_t cllm_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                                      size_t smem, cudaStream_t stream, Args... args)
+{
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = cllm_cuda_pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
 }
 
 #endif

@@ -46,4 +46,14 @@ static inline void cllm_mma_bf16_16816(float d[4], const unsigned a[4], const un
         d[e] = sum;
     }
 }
+
+/* Launches run one after the other here: no programmatic dependent launch to emulate. */
+static inline void cllm_pdl_wait(void) {}
+template <class... KArgs, class... Args>
+static cudaError_t cllm_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                               cudaStream_t stream, Args... args)
+{
+    emu_launch([&] { kernel(static_cast<KArgs>(args)...); }, grid, block, smem, stream);
+    return cudaSuccess;
+}
 #endif
