@@ -373,19 +373,27 @@ static int32_t graph_bucket(const struct cllm_model *m, const struct cllm_step *
     return 0;
 }
 
+/* Makes the host array *p of *cap elements hold at least need (contents not kept). */
+static enum cllm_status grow_i32(int32_t **p, size_t *cap, size_t need)
+{
+    if (need <= *cap)
+        return CLLM_OK;
+    int32_t *q = realloc(*p, need * sizeof *q);
+    if (!q)
+        return CLLM_ERR_NOMEM;
+    *p = q;
+    *cap = need;
+    return CLLM_OK;
+}
+
 /* The step padded to `bucket` rows: padding rows read token 0 at position 0 of an all-zero
  * block table row and write no KV (slot -1); their logits are never looked at. */
 static enum cllm_status pad_step(struct cllm_model *m, const struct cllm_step *s, int32_t bucket,
                                  struct cllm_step *out)
 {
     size_t B = (size_t)bucket, tbl = B * (size_t)s->max_blocks, need = 5 * B + tbl;
-    if (need > m->pad_i32_cap) {
-        int32_t *p = realloc(m->pad_i32, need * sizeof *p);
-        if (!p)
-            return CLLM_ERR_NOMEM;
-        m->pad_i32 = p;
-        m->pad_i32_cap = need;
-    }
+    if (grow_i32(&m->pad_i32, &m->pad_i32_cap, need))
+        return CLLM_ERR_NOMEM;
     int32_t *tokens = m->pad_i32, *pos = tokens + B, *seq = pos + B, *slot = seq + B;
     int32_t *outputs = slot + B, *table = outputs + B;
     size_t n = (size_t)s->n_tokens, real_tbl = n * (size_t)s->max_blocks;
@@ -430,13 +438,8 @@ static enum cllm_status upload_step(struct cllm_model *m, const struct cllm_step
     }
     /* One upload of the six arrays, packed on the host as on the device: each copy costs a
      * few microseconds of host time between two steps. */
-    if (need > m->step_host_cap) {
-        int32_t *p = realloc(m->step_host, need * sizeof *p);
-        if (!p)
-            return CLLM_ERR_NOMEM;
-        m->step_host = p;
-        m->step_host_cap = need;
-    }
+    if (grow_i32(&m->step_host, &m->step_host_cap, need))
+        return CLLM_ERR_NOMEM;
     *dev = *s;
     const int32_t *src[] = {s->tokens, s->pos, s->seq, s->slot, s->outputs, s->block_table};
     const int32_t **dst[] = {&dev->tokens, &dev->pos,     &dev->seq,

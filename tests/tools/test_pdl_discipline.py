@@ -7,6 +7,8 @@ import os
 import re
 import sys
 
+from check_report import report
+
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 CUDA_DIR = os.path.join(ROOT, "src", "backend", "cuda")
 LAUNCH = re.compile(r"\bcllm_launch\(\s*(\w+)")
@@ -39,10 +41,7 @@ def main():
                             "but does not start with cllm_pdl_wait();")
     if checked < 10:
         failures.append(f"only {checked} launched kernels found: is the scan broken?")
-    for f in failures:
-        print("FAIL:", f)
-    print(f"{checked} kernels launched with cllm_launch, {len(failures)} failures")
-    return 1 if failures else 0
+    return report(failures, f"{checked} kernels launched with cllm_launch")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ import os
 import re
 import sys
 
+from check_report import report
+
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 CUDA_DIR = os.path.join(ROOT, "src", "backend", "cuda")
 NAME = re.compile(r"\b(cuda[A-Z]\w*|cublas[A-Z]\w*|CUBLAS_[A-Z0-9_]+|CUDA_R_[0-9A-Z]+)\b")
@@ -36,10 +38,7 @@ def main():
             failures.append(f"{n} (used in {where}) has no MUSA mapping in vendor.h")
     if len(used) < 20:
         failures.append(f"only {len(used)} CUDA names found: is the scan broken?")
-    for f in failures:
-        print("FAIL:", f)
-    print(f"{len(used)} CUDA names used, {len(mapped)} mapped, {len(failures)} failures")
-    return 1 if failures else 0
+    return report(failures, f"{len(used)} CUDA names used, {len(mapped)} mapped")
 
 
 if __name__ == "__main__":

@@ -303,6 +303,20 @@ static enum cllm_status cu_add_rmsnorm(struct cllm_backend *be, float *res, cons
 
 static void drop_graphs(struct cuda *c);
 
+/* Replaces the device buffer *p of *size bytes by one of need bytes if it is smaller (its
+ * contents are not kept). */
+static enum cllm_status grow_device_buffer(void **p, size_t *size, size_t need, const char *what)
+{
+    if (need <= *size)
+        return CLLM_OK;
+    cudaFree(*p);
+    *p = NULL;
+    *size = 0;
+    TRY(check_cuda(cudaMalloc(p, need), what));
+    *size = need;
+    return CLLM_OK;
+}
+
 /* The GEMM's scratch, grown outside recordings only (a recording may not allocate; short of
  * scratch the GEMM computes the same bits with fewer blocks). Recorded steps hold the old
  * pointer, so they are dropped and recorded again. */
@@ -312,12 +326,8 @@ static enum cllm_status grow_gemm_scratch(struct cuda *c, size_t need)
         return CLLM_OK;
     TRY(check_cuda(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize"));
     drop_graphs(c);
-    cudaFree(c->gemm_scratch);
-    c->gemm_scratch = NULL;
-    c->gemm_scratch_size = 0;
-    TRY(check_cuda(cudaMalloc(&c->gemm_scratch, need), "cudaMalloc (GEMM scratch)"));
-    c->gemm_scratch_size = need;
-    return CLLM_OK;
+    return grow_device_buffer(&c->gemm_scratch, &c->gemm_scratch_size, need,
+                              "cudaMalloc (GEMM scratch)");
 }
 
 static enum cllm_status cu_matmul(struct cllm_backend *be, const struct cllm_weight *w,
@@ -435,15 +445,8 @@ static enum cllm_status sample_buffers(struct cuda *c, int32_t n, int32_t n_voca
                        "cudaMallocHost (sampling)"));
         c->sample_cap = n;
     }
-    size_t need = cllm_cuda_sample_scratch_bytes(n, n_vocab);
-    if (need > c->sample_scratch_size) {
-        cudaFree(c->sample_scratch);
-        c->sample_scratch = NULL;
-        c->sample_scratch_size = 0;
-        TRY(check_cuda(cudaMalloc(&c->sample_scratch, need), "cudaMalloc (sampling)"));
-        c->sample_scratch_size = need;
-    }
-    return CLLM_OK;
+    return grow_device_buffer(&c->sample_scratch, &c->sample_scratch_size,
+                              cllm_cuda_sample_scratch_bytes(n, n_vocab), "cudaMalloc (sampling)");
 }
 
 static enum cllm_status cu_sample(struct cllm_backend *be, const float *logits, int32_t n,
