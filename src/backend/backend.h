@@ -138,6 +138,12 @@ struct cllm_backend_iface {
     /* gate_up is [n][2 * dim] F32 (gate, then up); out [n][dim] act_dtype = silu(gate) * up. */
     enum cllm_status (*silu_mul)(struct cllm_backend *be, const float *gate_up, int32_t n,
                                  int32_t dim, void *out);
+    /* Optional (NULL: not fused): y = W silu_mul(gate_up) -- the same bits as silu_mul into
+     * an act_dtype buffer and a matmul of it, in one op and without the buffer. Returns
+     * CLLM_ERR_UNSUPPORTED, having queued nothing, for operands it cannot fuse. */
+    enum cllm_status (*matmul_silu)(struct cllm_backend *be, const struct cllm_weight *w,
+                                    const float *gate_up, int32_t n, int32_t dim, float *y,
+                                    int32_t ldy);
     /* out[i] = x[idx[i]] for F32 rows of dim. */
     enum cllm_status (*gather_rows)(struct cllm_backend *be, const float *x, const int32_t *idx,
                                     int32_t n_idx, int32_t dim, float *out);

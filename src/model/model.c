@@ -454,6 +454,21 @@ static enum cllm_status upload_step(struct cllm_model *m, const struct cllm_step
     return be->upload(m->be, m->step_i32, m->step_host, need * sizeof(int32_t));
 }
 
+/* ffo = W_down silu_mul(gate_up): one op where the backend fuses them. */
+static enum cllm_status down_projection(struct cllm_model *m, const struct layer *L, int32_t n)
+{
+    const struct cllm_backend_iface *be = m->be->iface;
+    int32_t F = m->hp.n_ff, E = m->hp.n_embd;
+    enum cllm_status st = be->matmul_silu
+                              ? be->matmul_silu(m->be, &L->w_down, m->gate_up, n, F, m->ffo, E)
+                              : CLLM_ERR_UNSUPPORTED;
+    if (st != CLLM_ERR_UNSUPPORTED)
+        return st;
+    if ((st = be->silu_mul(m->be, m->gate_up, n, F, m->ff)))
+        return st;
+    return be->matmul(m->be, &L->w_down, NULL, m->ff, n, m->ffo, E);
+}
+
 /* y[t] = the projection of x[t], into consecutive column ranges of y (row stride ldy). */
 static enum cllm_status project(struct cllm_model *m, const struct proj *p, const void *x,
                                 int32_t n, float *y, int32_t ldy)
@@ -504,8 +519,7 @@ static enum cllm_status issue_ops(struct cllm_model *m, struct cllm_kv_cache *kv
         TRY(be->matmul(b, &L->wo, NULL, m->attn, n, m->ffo, E));
         TRY(be->add_rmsnorm(b, m->x, m->ffo, &L->ffn_norm, hp->rms_eps, n, E, m->xn));
         TRY(project(m, &L->gate_up, m->xn, n, m->gate_up, 2 * F));
-        TRY(be->silu_mul(b, m->gate_up, n, F, m->ff));
-        TRY(be->matmul(b, &L->w_down, NULL, m->ff, n, m->ffo, E));
+        TRY(down_projection(m, L, n));
     }
     if (s->n_outputs > 0) {
         /* Only the rows that need logits take the last residual add, norm and LM head. */

@@ -344,6 +344,25 @@ static void test_gemm(int32_t N, int32_t K, int32_t n_max, bool with_bias)
     }
 }
 
+/* The down projection with SiLU applied on load equals silu_mul then the GEMM, bit for bit,
+ * in every kernel (skinny, tiled, parallel slices). */
+static void test_gemm_silu(int32_t N, int32_t K)
+{
+    printf("gemm_silu N=%d K=%d\n", N, K);
+    const int32_t sizes[] = {1, 9, 32, 70};
+    std::vector<float> wf = randv((int64_t)N * K, 1.0f), gu = randv((int64_t)70 * 2 * K, 6.0f);
+    std::vector<__nv_bfloat16> w(wf.size()), act((size_t)70 * K);
+    for (size_t i = 0; i < w.size(); i++) w[i].__x = cllm_f32_to_bf16(wf[i]);
+    for (int32_t n : sizes) {
+        std::vector<float> y_ref((size_t)n * N, -7.0f), y((size_t)n * N, -7.0f);
+        std::vector<float> scratch(cllm_cuda_gemm_scratch_bytes(N, K, n) / 4 + 1);
+        CHECK(cllm_cuda_silu_mul(gu.data(), n, K, act.data(), 0) == cudaSuccess);
+        CHECK(cllm_cuda_gemm(w.data(), NULL, N, K, act.data(), n, y_ref.data(), N, scratch.data(), scratch.size() * 4, 0) == cudaSuccess);
+        CHECK(cllm_cuda_gemm_silu(w.data(), N, K, gu.data(), n, y.data(), N, scratch.data(), scratch.size() * 4, 0) == cudaSuccess);
+        CHECKF(memcmp(y.data(), y_ref.data(), y.size() * 4) == 0, "gemm_silu N=%d K=%d n=%d differs from silu_mul + gemm", N, K, n);
+    }
+}
+
 int main(int argc, char **argv)
 {
     int which = argc > 1 ? atoi(argv[1]) : -1;
@@ -365,6 +384,8 @@ int main(int argc, char **argv)
         test_gemm(40, 72, 70, true);     /* K not a multiple of 32, N not of 16, one slice */
         test_gemm(300, 1024, 70, false); /* several slices, two token tiles */
         test_gemm(136, 520, 33, true);   /* skinny's largest tile and the tiled kernel at 33 */
+        test_gemm_silu(100, 264);
+        test_gemm_silu(200, 1024); /* several slices */
     }
     /* refused operands */
     std::vector<__nv_bfloat16> w8(64), x8(64);

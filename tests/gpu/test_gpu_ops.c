@@ -296,6 +296,29 @@ static void test_matmul_invariance(int32_t K, int32_t N)
     free_weight(&w), free_weight(&b);
 }
 
+/* The down projection with SiLU on load (matmul_silu) equals silu_mul + matmul bit for bit. */
+static void test_matmul_silu(int32_t K, int32_t N)
+{
+    struct wpair w;
+    make_weight(&w, K, N, 0.05f);
+    const int32_t sizes[] = {1, 7, 64, 300};
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        int32_t n = sizes[si];
+        float *gu = randv((int64_t)n * 2 * K, 4.0f);
+        void *gu_d = dev_upload(gu, (size_t)n * 2 * K * 4), *act_d = dev_poisoned((size_t)n * K * 2);
+        void *y_d = dev_poisoned((size_t)n * N * 4), *y2_d = dev_poisoned((size_t)n * N * 4);
+        CHECK(G->silu_mul(gpu, gu_d, n, K, act_d) == CLLM_OK);
+        CHECK(G->matmul(gpu, &w.g, NULL, act_d, n, y_d, N) == CLLM_OK);
+        CHECK(G->matmul_silu && G->matmul_silu(gpu, &w.g, gu_d, n, K, y2_d, N) == CLLM_OK);
+        float *y = download_f32(y_d, (int64_t)n * N), *y2 = download_f32(y2_d, (int64_t)n * N);
+        CHECKF(memcmp(y, y2, (size_t)n * N * 4) == 0, "matmul_silu %dx%d, %d rows: not the bits "
+               "of silu_mul + matmul", (int)N, (int)K, (int)n);
+        G->dealloc(gpu, gu_d), G->dealloc(gpu, act_d), G->dealloc(gpu, y_d), G->dealloc(gpu, y2_d);
+        free(gu), free(y), free(y2);
+    }
+    free_weight(&w);
+}
+
 /* Sequences of the given lengths, all their tokens in one step, over shuffled blocks: bias +
  * RoPE + KV store, then attention; a padding row at the end writes nothing. The last token
  * of each sequence is then run alone, and must give the same bits (batch invariance). */
@@ -495,6 +518,7 @@ int main(void)
     test_matmul_invariance(1536, 2048); /* QKV of Qwen2.5-1.5B: many slices */
     test_matmul_invariance(8960, 1536); /* down projection */
     test_matmul_invariance(1536, 8960); /* one slice */
+    test_matmul_silu(8960, 1536);
     int32_t lens_a[] = {1, 17, 300};
     int32_t lens_b[] = {5000, 2, 700}; /* 5000: split over several blocks */
     test_attention(12, 2, 128, lens_a, 3); /* Qwen2.5-1.5B */

@@ -360,6 +360,24 @@ static enum cllm_status cu_matmul(struct cllm_backend *be, const struct cllm_wei
     return check_cuda(cllm_cuda_add_bias(y, ldy, b, n, N, c->stream), "add_bias");
 }
 
+static enum cllm_status cu_matmul_silu(struct cllm_backend *be, const struct cllm_weight *w,
+                                       const float *gate_up, int32_t n, int32_t dim, float *y,
+                                       int32_t ldy)
+{
+    struct cuda *c = cuda_of(be);
+    if (w->dtype != CLLM_DTYPE_BF16 || w->ne[0] != dim || w->ne[1] > INT32_MAX || ldy < w->ne[1])
+        return CLLM_ERR_INVALID_ARG;
+    if (c->cublas_only || !cllm_cuda_gemm_supported(w->data, gate_up, dim))
+        return CLLM_ERR_UNSUPPORTED;
+    if (n <= 0)
+        return CLLM_OK;
+    int N = (int)w->ne[1];
+    TRY(grow_gemm_scratch(c, cllm_cuda_gemm_scratch_bytes(N, dim, n)));
+    return check_cuda(cllm_cuda_gemm_silu((const __nv_bfloat16 *)w->data, N, dim, gate_up, n, y,
+                                          ldy, c->gemm_scratch, c->gemm_scratch_size, c->stream),
+                      "gemm (SiLU)");
+}
+
 static struct cllm_cuda_batch batch_of(const struct cllm_attn_batch *b)
 {
     struct cllm_cuda_batch d = {b->n_tokens,    b->pos,        b->seq,        b->slot,
@@ -586,6 +604,7 @@ static const struct cllm_backend_iface cuda_iface = {
     /* .attention = */ cu_attention,
     /* .attention_scratch = */ cu_attention_scratch,
     /* .silu_mul = */ cu_silu_mul,
+    /* .matmul_silu = */ cu_matmul_silu,
     /* .gather_rows = */ cu_gather_rows,
     /* .sample = */ cu_sample,
     /* .graph_begin = */ cu_graph_begin,

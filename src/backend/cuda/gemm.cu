@@ -11,6 +11,7 @@
 #include "backend/cuda/vendor.h"
 
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/kernels.h"
 
 #define CHUNK 32         /* K elements per step: two MMAs */
 #define VECS (CHUNK / 8) /* 16-byte vectors per row and chunk */
@@ -56,6 +57,39 @@ static __device__ __forceinline__ uint4 load_vec(const __nv_bfloat16 *row, int32
     return __ldg((const uint4 *)(row + k));
 }
 
+/* 8 inputs of token row `row` at k: BF16 as they are, or (SILU) bf16(silu(gate) * up) from
+ * the F32 [gate | up] row of K + K floats, computed exactly as the silu_mul kernel does. */
+template <bool SILU>
+static __device__ __forceinline__ uint4 load_x(const void *row, int32_t k, int32_t K)
+{
+    if (!SILU)
+        return load_vec((const __nv_bfloat16 *)row, k, K);
+    if (!row || k >= K)
+        return make_uint4(0, 0, 0, 0);
+    const float4 *gate = (const float4 *)((const float *)row + k);
+    const float4 *up = (const float4 *)((const float *)row + K + k);
+    float4 g0 = __ldg(gate), g1 = __ldg(gate + 1), u0 = __ldg(up), u1 = __ldg(up + 1);
+    const float gv[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+    const float uv[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+    unsigned packed[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        packed[i] =
+            (unsigned)__bfloat16_as_ushort(cllm_cuda_silu_mul_one(gv[2 * i], uv[2 * i])) |
+            (unsigned)__bfloat16_as_ushort(cllm_cuda_silu_mul_one(gv[2 * i + 1], uv[2 * i + 1]))
+                << 16;
+    return make_uint4(packed[0], packed[1], packed[2], packed[3]);
+}
+
+/* Where token t's row of x starts: [n][K] BF16, or (SILU) [n][2K] F32. */
+template <bool SILU>
+static __device__ __forceinline__ const void *x_row(const void *x, int32_t t, int32_t K)
+{
+    if (SILU)
+        return (const float *)x + (int64_t)t * 2 * K;
+    return (const __nv_bfloat16 *)x + (int64_t)t * K;
+}
+
 /* acc += one chunk of a 16 x 8 tile: w_lo / w_hi are the lane's vectors of rows g and g + 8,
  * xv its token's (see the top of the file). */
 static __device__ __forceinline__ void mma_chunk(float acc[4], uint4 w_lo, uint4 w_hi, uint4 xv)
@@ -85,10 +119,10 @@ static __device__ __forceinline__ int32_t acc_tok(int lane, int e)
 /* Decode steps (n <= 8 NT tokens): block = 16 rows of W, warp s = slice s. Each warp streams
  * its part of the 16 rows once and applies it to every token; the slices meet in shared memory
  * and are summed in slice order. */
-template <int NT>
+template <int NT, bool SILU>
 static __global__ void __launch_bounds__(MAX_SLICES * 32)
-    gemm_skinny(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K,
-                const __nv_bfloat16 *x, int32_t n, float *y, int32_t ldy, int32_t S)
+    gemm_skinny(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K, const void *x,
+                int32_t n, float *y, int32_t ldy, int32_t S)
 {
     cllm_pdl_wait();
     constexpr int UNROLL = NT <= 2 ? 4 : 2;       /* chunks whose loads are issued together */
@@ -98,11 +132,11 @@ static __global__ void __launch_bounds__(MAX_SLICES * 32)
     const int32_t c0 = slice_start(warp, chunks, S), c1 = slice_start(warp + 1, chunks, S);
     const __nv_bfloat16 *w_lo = row0 + g < N ? w + (int64_t)(row0 + g) * K : NULL;
     const __nv_bfloat16 *w_hi = row0 + g + 8 < N ? w + (int64_t)(row0 + g + 8) * K : NULL;
-    const __nv_bfloat16 *xr[NT];
+    const void *xr[NT];
     float acc[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; j++) {
-        xr[j] = j * 8 + g < n ? x + (int64_t)(j * 8 + g) * K : NULL;
+        xr[j] = j * 8 + g < n ? x_row<SILU>(x, j * 8 + g, K) : NULL;
         acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
     }
     for (int32_t c = c0; c < c1; c += UNROLL) {
@@ -115,7 +149,7 @@ static __global__ void __launch_bounds__(MAX_SLICES * 32)
             vh[u] = load_vec(in ? w_hi : NULL, k, K);
 #pragma unroll
             for (int j = 0; j < NT; j++)
-                vx[u][j] = load_vec(in ? xr[j] : NULL, k, K);
+                vx[u][j] = load_x<SILU>(in ? xr[j] : NULL, k, K);
         }
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
@@ -142,13 +176,15 @@ static __global__ void __launch_bounds__(MAX_SLICES * 32)
     }
 }
 
-/* Where tile row r (W rows first, then tokens) of the tiled kernel reads: index i of W or x. */
-static __device__ __forceinline__ const __nv_bfloat16 *
-tile_row(const __nv_bfloat16 *w, const __nv_bfloat16 *x, int32_t i, int r, int32_t K)
+/* The vector at k of tile row r of the tiled kernel (W rows first, then tokens), which is row
+ * i of W or token i of x (-1: past the edge: zeros). */
+template <bool SILU>
+static __device__ __forceinline__ uint4 load_tile_vec(const __nv_bfloat16 *w, const void *x,
+                                                      int32_t i, int r, int32_t k, int32_t K)
 {
-    if (i < 0)
-        return NULL;
-    return (r < TILE_M ? w : x) + (int64_t)i * K;
+    if (r < TILE_M)
+        return load_vec(i < 0 ? NULL : w + (int64_t)i * K, k, K);
+    return load_x<SILU>(i < 0 ? NULL : x_row<SILU>(x, i, K), k, K);
 }
 
 /* Prefill steps: block = TILE_M rows x TILE_N tokens staged through shared memory (double
@@ -157,9 +193,10 @@ tile_row(const __nv_bfloat16 *w, const __nv_bfloat16 *x, int32_t i, int r, int32
  * exactly the skinny kernel's order. With `partials`, block z computes slice z alone and
  * stores it there ([S][n][N]) for gemm_reduce: the same sums, spread over more blocks when
  * the tiles alone would leave SMs idle (N = 1536 at 192 tokens is 36 tiles). */
+template <bool SILU>
 static __global__ void __launch_bounds__(TILED_THREADS, 2)
-    gemm_tiled(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K,
-               const __nv_bfloat16 *x, int32_t n, float *y, int32_t ldy, int32_t S, float *partials)
+    gemm_tiled(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K, const void *x,
+               int32_t n, float *y, int32_t ldy, int32_t S, float *partials)
 {
     cllm_pdl_wait();
     /* rows 0..TILE_M-1: the W rows of the tile; TILE_M..: its tokens */
@@ -199,7 +236,7 @@ static __global__ void __launch_bounds__(TILED_THREADS, 2)
     for (int i = 0; i < TILED_LOADS; i++) {
         const int idx = tid + i * TILED_THREADS;
         tile[0][idx / VECS][idx % VECS] =
-            load_vec(tile_row(w, x, src[i], idx / VECS, K), c_begin * CHUNK + idx % VECS * 8, K);
+            load_tile_vec<SILU>(w, x, src[i], idx / VECS, c_begin * CHUNK + idx % VECS * 8, K);
     }
     __syncthreads();
     for (int32_t c = c_begin; c < c_end; c++) {
@@ -208,8 +245,9 @@ static __global__ void __launch_bounds__(TILED_THREADS, 2)
         if (more) {
 #pragma unroll
             for (int i = 0; i < TILED_LOADS; i++)
-                staged[i] = load_vec(tile_row(w, x, src[i], (tid + i * TILED_THREADS) / VECS, K),
-                                     (c + 1) * CHUNK + (tid + i * TILED_THREADS) % VECS * 8, K);
+                staged[i] =
+                    load_tile_vec<SILU>(w, x, src[i], (tid + i * TILED_THREADS) / VECS,
+                                        (c + 1) * CHUNK + (tid + i * TILED_THREADS) % VECS * 8, K);
         }
         uint4 vl[2], vh[2], vx[4];
 #pragma unroll
@@ -298,9 +336,10 @@ size_t cllm_cuda_gemm_scratch_bytes(int32_t N, int32_t K, int32_t n)
     return (size_t)cllm_cuda_gemm_slices(N, K) * (size_t)n * (size_t)N * sizeof(float);
 }
 
-cudaError_t cllm_cuda_gemm(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K,
-                           const __nv_bfloat16 *x, int32_t n, float *y, int32_t ldy, void *scratch,
-                           size_t scratch_bytes, cudaStream_t stream)
+template <bool SILU>
+static cudaError_t launch_gemm(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K,
+                               const void *x, int32_t n, float *y, int32_t ldy, void *scratch,
+                               size_t scratch_bytes, cudaStream_t stream)
 {
     if (N < 0 || n < 0 || ldy < N || !cllm_cuda_gemm_supported(w, x, K))
         return cudaErrorInvalidValue;
@@ -309,19 +348,22 @@ cudaError_t cllm_cuda_gemm(const __nv_bfloat16 *w, const float *bias, int32_t N,
     const int32_t S = cllm_cuda_gemm_slices(N, K);
     const unsigned row_tiles = (unsigned)((N + 15) / 16);
     if (n <= 8)
-        cllm_launch(gemm_skinny<1>, row_tiles, S * 32, 0, stream, w, bias, N, K, x, n, y, ldy, S);
+        cllm_launch(gemm_skinny<1, SILU>, row_tiles, S * 32, 0, stream, w, bias, N, K, x, n, y, ldy,
+                    S);
     else if (n <= 16)
-        cllm_launch(gemm_skinny<2>, row_tiles, S * 32, 0, stream, w, bias, N, K, x, n, y, ldy, S);
+        cllm_launch(gemm_skinny<2, SILU>, row_tiles, S * 32, 0, stream, w, bias, N, K, x, n, y, ldy,
+                    S);
     else if (n <= CLLM_CUDA_GEMM_SKINNY_MAX)
-        cllm_launch(gemm_skinny<4>, row_tiles, S * 32, 0, stream, w, bias, N, K, x, n, y, ldy, S);
+        cllm_launch(gemm_skinny<4, SILU>, row_tiles, S * 32, 0, stream, w, bias, N, K, x, n, y, ldy,
+                    S);
     else {
         const size_t need = cllm_cuda_gemm_scratch_bytes(N, K, n);
         const bool parallel = need > 0 && scratch && scratch_bytes >= need;
         dim3 grid((unsigned)((n + TILE_N - 1) / TILE_N), (unsigned)((N + TILE_M - 1) / TILE_M),
                   parallel ? (unsigned)S : 1u);
         float *partials = parallel ? (float *)scratch : NULL;
-        cllm_launch(gemm_tiled, grid, TILED_THREADS, 0, stream, w, bias, N, K, x, n, y, ldy, S,
-                    partials);
+        cllm_launch(gemm_tiled<SILU>, grid, TILED_THREADS, 0, stream, w, bias, N, K, x, n, y, ldy,
+                    S, partials);
         if (parallel) {
             cudaError_t e = cudaGetLastError();
             if (e != cudaSuccess)
@@ -332,6 +374,20 @@ cudaError_t cllm_cuda_gemm(const __nv_bfloat16 *w, const float *bias, int32_t N,
         }
     }
     return cudaGetLastError();
+}
+
+cudaError_t cllm_cuda_gemm(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K,
+                           const __nv_bfloat16 *x, int32_t n, float *y, int32_t ldy, void *scratch,
+                           size_t scratch_bytes, cudaStream_t stream)
+{
+    return launch_gemm<false>(w, bias, N, K, x, n, y, ldy, scratch, scratch_bytes, stream);
+}
+
+cudaError_t cllm_cuda_gemm_silu(const __nv_bfloat16 *w, int32_t N, int32_t K, const float *gate_up,
+                                int32_t n, float *y, int32_t ldy, void *scratch,
+                                size_t scratch_bytes, cudaStream_t stream)
+{
+    return launch_gemm<true>(w, NULL, N, K, gate_up, n, y, ldy, scratch, scratch_bytes, stream);
 }
 
 #else /* no tensor-core MMA on this vendor: the backend uses its BLAS */
@@ -353,6 +409,15 @@ cudaError_t cllm_cuda_gemm(const __nv_bfloat16 *w, const float *bias, int32_t N,
                            size_t scratch_bytes, cudaStream_t stream)
 {
     (void)w, (void)bias, (void)N, (void)K, (void)x, (void)n, (void)y, (void)ldy, (void)scratch,
+        (void)scratch_bytes, (void)stream;
+    return cudaErrorInvalidValue;
+}
+
+cudaError_t cllm_cuda_gemm_silu(const __nv_bfloat16 *w, int32_t N, int32_t K, const float *gate_up,
+                                int32_t n, float *y, int32_t ldy, void *scratch,
+                                size_t scratch_bytes, cudaStream_t stream)
+{
+    (void)w, (void)N, (void)K, (void)gate_up, (void)n, (void)y, (void)ldy, (void)scratch,
         (void)scratch_bytes, (void)stream;
     return cudaErrorInvalidValue;
 }

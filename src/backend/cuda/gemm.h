@@ -45,4 +45,10 @@ cudaError_t cllm_cuda_gemm(const __nv_bfloat16 *w, const float *bias, int32_t N,
                            const __nv_bfloat16 *x, int32_t n, float *y, int32_t ldy, void *scratch,
                            size_t scratch_bytes, cudaStream_t stream);
 
+/* cllm_cuda_gemm of x = bf16(silu(gate) * up), gate_up [n][2K] F32 ([gate | up] per row):
+ * the silu_mul kernel and the GEMM in one, the same bits (the SiLU is computed on load). */
+cudaError_t cllm_cuda_gemm_silu(const __nv_bfloat16 *w, int32_t N, int32_t K, const float *gate_up,
+                                int32_t n, float *y, int32_t ldy, void *scratch,
+                                size_t scratch_bytes, cudaStream_t stream);
+
 #endif

@@ -186,9 +186,7 @@ static __global__ void silu_mul_kernel(const float *gate_up, int64_t total, int3
          i += (int64_t)gridDim.x * blockDim.x) {
         int64_t t = i / dim;
         int32_t c = (int32_t)(i % dim);
-        float g = gate_up[t * 2 * dim + c], u = gate_up[t * 2 * dim + dim + c];
-        /* cpu/ref.c: gate / (1 + exp(-gate)) * up */
-        out[i] = __float2bfloat16_rn(__fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u));
+        out[i] = cllm_cuda_silu_mul_one(gate_up[t * 2 * dim + c], gate_up[t * 2 * dim + dim + c]);
     }
 }
 

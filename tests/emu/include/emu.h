@@ -24,6 +24,7 @@
 struct alignas(16) uint4 { unsigned x, y, z, w; };
 static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { uint4 r = {x, y, z, w}; return r; }
 struct alignas(8) float2 { float x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
 static inline float2 make_float2(float x, float y) { float2 r = {x, y}; return r; }
 
 /* BF16: a 16-bit struct; conversions as cuda_bf16.h (round to nearest even, NaN kept quiet) */
@@ -39,6 +40,7 @@ static inline __nv_bfloat16 __float2bfloat16_rn(float f)
     r.__x = (unsigned short)(u >> 16);
     return r;
 }
+static inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.__x; }
 static inline float2 __bfloat1622float2(__nv_bfloat162 v) { float2 r = {__bfloat162float(v.x), __bfloat162float(v.y)}; return r; }
 
 static inline int min(int a, int b) { return a < b ? a : b; }
