@@ -183,7 +183,15 @@ static void test_invariance(void)
     e = engine_overlap(0, 256, 512, 0, 1);
     if (!e)
         return;
-    run(e, N_Q, 1, alone); /* again, so the prefix cache holds the prompts as before */
+    /* Alone again with overlap (which also leaves the prompts in the prefix cache as before). */
+    struct cllm_buf alone_overlap[N_Q] = {0};
+    run(e, N_Q, 1, alone_overlap);
+    for (int i = 0; i < N_Q; i++) {
+        CHECKF(alone_overlap[i].len == alone[i].len &&
+                   memcmp(alone_overlap[i].data, alone[i].data, alone[i].len) == 0,
+               "question %d: the answer alone differs with overlap", i);
+        cllm_buf_free(&alone_overlap[i]);
+    }
     run(e, N_Q, N_Q, batched);
     struct cllm_engine_stats st;
     cllm_engine_stats(e, &st);
