@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "backend/cuda/backend_cuda.h"
+#include "backend/cuda/blas.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/sample.h"
@@ -51,7 +52,8 @@ struct cuda {
     struct cllm_backend be;
     int device;
     cudaStream_t stream;
-    cublasHandle_t blas;
+    struct cllm_blas blas_api; /* loaded at run time (blas.h); blas_api.lib NULL: none */
+    cublasHandle_t blas;       /* NULL without the library */
     void *blas_workspace;
     bool cublas_only;   /* CLLM_CUBLAS=1: every GEMM through cuBLAS (not batch-invariant) */
     void *gemm_scratch; /* slices of the tiled GEMM run in parallel through this (gemm.h) */
@@ -89,11 +91,11 @@ static enum cllm_status check_cuda(cudaError_t e, const char *what)
     return e == cudaErrorMemoryAllocation ? CLLM_ERR_NOMEM : CLLM_ERR_DEVICE;
 }
 
-static enum cllm_status check_blas(cublasStatus_t s, const char *what)
+static enum cllm_status check_blas(const struct cllm_blas *api, cublasStatus_t s, const char *what)
 {
     if (s == CUBLAS_STATUS_SUCCESS)
         return CLLM_OK;
-    cllm_log(CLLM_LOG_ERROR, "cuda: %s failed: %s", what, cublasGetStatusString(s));
+    cllm_log(CLLM_LOG_ERROR, "cuda: %s failed: %s", what, api->status_string(s));
     return s == CUBLAS_STATUS_ALLOC_FAILED ? CLLM_ERR_NOMEM : CLLM_ERR_DEVICE;
 }
 
@@ -349,11 +351,19 @@ static enum cllm_status cu_matmul(struct cllm_backend *be, const struct cllm_wei
                                          c->gemm_scratch_size, c->stream),
                           "gemm");
     }
+    if (!c->blas) {
+        cllm_log(CLLM_LOG_ERROR,
+                 "cuda: a %dx%d GEMM our kernel cannot take needs cuBLAS, which "
+                 "could not be loaded",
+                 N, K);
+        return CLLM_ERR_UNSUPPORTED;
+    }
     const float alpha = 1.0f, beta = 0.0f;
     /* Column-major view: Y^T [N x n] = W [K x N]^T * X^T [K x n]. */
-    TRY(check_blas(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &alpha, w->data,
-                                CUDA_R_16BF, K, x, CUDA_R_16BF, K, &beta, y, CUDA_R_32F, ldy,
-                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+    TRY(check_blas(&c->blas_api,
+                   c->blas_api.gemm_ex(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &alpha, w->data,
+                                       CUDA_R_16BF, K, x, CUDA_R_16BF, K, &beta, y, CUDA_R_32F, ldy,
+                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                    "cublasGemmEx"));
     if (!b)
         return CLLM_OK;
@@ -569,7 +579,8 @@ static void cu_free(struct cllm_backend *be)
         cudaStreamSynchronize(c->stream);
     drop_graphs(c);
     if (c->blas)
-        cublasDestroy(c->blas);
+        c->blas_api.destroy(c->blas);
+    cllm_blas_unload(&c->blas_api);
     cudaFree(c->blas_workspace);
     cudaFreeHost(c->staging);
     cudaFree(c->rows_dev);
@@ -645,20 +656,30 @@ extern "C" enum cllm_status cllm_backend_cuda_new(struct cllm_backend **out, int
         cu_free(&c->be);
         return CLLM_ERR_DEVICE;
     }
-    /* A fixed workspace: cuBLAS must not allocate while a step is being recorded. */
-    cublasStatus_t s = cublasCreate(&c->blas);
-    if (s == CUBLAS_STATUS_SUCCESS)
-        s = cublasSetStream(c->blas, c->stream);
-    if (s == CUBLAS_STATUS_SUCCESS)
-        s = cublasSetWorkspace(c->blas, c->blas_workspace, BLAS_WORKSPACE_BYTES);
-    if (s != CUBLAS_STATUS_SUCCESS) {
-        cllm_fail(err, err_len, CLLM_ERR_DEVICE, "CUDA device %d: cuBLAS: %s", (int)device,
-                  cublasGetStatusString(s));
-        cu_free(&c->be);
-        return CLLM_ERR_DEVICE;
+    /* cuBLAS, if it is there: only the fallback and the CLLM_CUBLAS=1 comparison need it. A
+     * fixed workspace: it must not allocate while a step is being recorded. */
+    char blas_err[256];
+    if (cllm_blas_load(&c->blas_api, blas_err, sizeof blas_err)) {
+        cublasStatus_t s = c->blas_api.create(&c->blas);
+        if (s == CUBLAS_STATUS_SUCCESS)
+            s = c->blas_api.set_stream(c->blas, c->stream);
+        if (s == CUBLAS_STATUS_SUCCESS)
+            s = c->blas_api.set_workspace(c->blas, c->blas_workspace, BLAS_WORKSPACE_BYTES);
+        if (s != CUBLAS_STATUS_SUCCESS) {
+            cllm_fail(err, err_len, CLLM_ERR_DEVICE, "CUDA device %d: cuBLAS: %s", (int)device,
+                      c->blas_api.status_string(s));
+            cu_free(&c->be);
+            return CLLM_ERR_DEVICE;
+        }
+    } else {
+        cllm_log(CLLM_LOG_INFO, "cuda: no cuBLAS (%s): our GEMM only", blas_err);
     }
     const char *cublas_env = getenv("CLLM_CUBLAS");
     c->cublas_only = cublas_env && strcmp(cublas_env, "1") == 0;
+    if (c->cublas_only && !c->blas) {
+        cllm_log(CLLM_LOG_WARN, "cuda: CLLM_CUBLAS=1 ignored: cuBLAS could not be loaded");
+        c->cublas_only = false;
+    }
     struct cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
         const char *no_pdl = getenv("CLLM_NO_PDL");

@@ -85,6 +85,12 @@
 #define CUBLAS_DEFAULT_MATH MUBLAS_DEFAULT_MATH
 #define CUDA_R_16BF MUSA_R_16BF
 #define CUDA_R_32F MUSA_R_32F
+#define cublasOperation_t mublasOperation_t
+#define cudaDataType musaDataType
+#define cublasComputeType_t mublasComputeType_t
+#define cublasGemmAlgo_t mublasGemmAlgo_t
+/* blas.cu opens it at run time */
+#define CLLM_BLAS_LIBRARY "libmublas.so"
 
 
 /* No programmatic dependent launch: kernels are launched the classic way (see below). */
@@ -101,6 +107,11 @@ static inline cudaError_t cllm_launch(void (*kernel)(KArgs...), dim3 grid, dim3 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+
+/* blas.cu opens cuBLAS at run time, by the soname of the version built against. */
+#define CLLM_VENDOR_STR2(x) #x
+#define CLLM_VENDOR_STR(x) CLLM_VENDOR_STR2(x)
+#define CLLM_BLAS_LIBRARY "libcublas.so." CLLM_VENDOR_STR(CUBLAS_VER_MAJOR)
 
 /* The tensor-core instruction gemm.cu is built on: d += a * b for one 16 x 8 x 16 tile (BF16
  * in, F32 accumulate), each lane holding its fragments as the PTX ISA lays them out for
