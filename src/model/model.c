@@ -640,6 +640,7 @@ enum cllm_status cllm_model_wait_sample(struct cllm_model *m, const struct cllm_
     if (st)
         return st;
     size_t V = (size_t)m->hp.n_vocab;
+    bool downloaded = false; /* the caller's rows, for its own sampler */
     for (int32_t i = 0; i < m->launched_outputs; i++) {
         if (rows[i].temperature >= 0.0f)
             continue;
@@ -647,8 +648,9 @@ enum cllm_status cllm_model_wait_sample(struct cllm_model *m, const struct cllm_
         if ((st = be->download(m->be, m->logits_host + i * V, m->logits_dev + i * V,
                                V * sizeof(float))))
             return st;
+        downloaded = true;
     }
-    if ((st = be->sync(m->be)))
+    if (downloaded && (st = be->sync(m->be)))
         return st;
     *logits = m->logits_host;
     return CLLM_OK;

@@ -128,22 +128,25 @@ static void cu_dealloc(struct cllm_backend *be, void *p)
         cudaFree(p);
 }
 
-static enum cllm_status cu_upload(struct cllm_backend *be, void *dst, const void *src, size_t n)
+/* Queues a copy of n bytes on the stream. */
+static enum cllm_status copy_async(struct cllm_backend *be, void *dst, const void *src, size_t n,
+                                   cudaMemcpyKind kind, const char *what)
 {
     struct cuda *c = cuda_of(be);
     if (!n)
         return CLLM_OK;
     TRY(use_device(c));
-    return check_cuda(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c->stream), "upload");
+    return check_cuda(cudaMemcpyAsync(dst, src, n, kind, c->stream), what);
+}
+
+static enum cllm_status cu_upload(struct cllm_backend *be, void *dst, const void *src, size_t n)
+{
+    return copy_async(be, dst, src, n, cudaMemcpyHostToDevice, "upload");
 }
 
 static enum cllm_status cu_download(struct cllm_backend *be, void *dst, const void *src, size_t n)
 {
-    struct cuda *c = cuda_of(be);
-    if (!n)
-        return CLLM_OK;
-    TRY(use_device(c));
-    return check_cuda(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, c->stream), "download");
+    return copy_async(be, dst, src, n, cudaMemcpyDeviceToHost, "download");
 }
 
 static enum cllm_status cu_memzero(struct cllm_backend *be, void *dst, size_t n)

@@ -9,9 +9,6 @@
 
 #include "backend/cuda/blas.h"
 
-#define STR2(x) #x
-#define STR(x) STR2(x) /* after macro expansion */
-
 static void *open_library(char *err, size_t err_len)
 {
     void *lib = dlopen(CLLM_BLAS_LIBRARY, RTLD_NOW | RTLD_LOCAL);
@@ -37,12 +34,12 @@ bool cllm_blas_load(struct cllm_blas *b, char *err, size_t err_len)
         void **fn;
         const char *name;
     } syms[] = {
-        {(void **)&b->create, STR(cublasCreate)},
-        {(void **)&b->destroy, STR(cublasDestroy)},
-        {(void **)&b->set_stream, STR(cublasSetStream)},
-        {(void **)&b->set_workspace, STR(cublasSetWorkspace)},
-        {(void **)&b->gemm_ex, STR(cublasGemmEx)},
-        {(void **)&b->status_string, STR(cublasGetStatusString)},
+        {(void **)&b->create, CLLM_VENDOR_STR(cublasCreate)},
+        {(void **)&b->destroy, CLLM_VENDOR_STR(cublasDestroy)},
+        {(void **)&b->set_stream, CLLM_VENDOR_STR(cublasSetStream)},
+        {(void **)&b->set_workspace, CLLM_VENDOR_STR(cublasSetWorkspace)},
+        {(void **)&b->gemm_ex, CLLM_VENDOR_STR(cublasGemmEx)},
+        {(void **)&b->status_string, CLLM_VENDOR_STR(cublasGetStatusString)},
     };
     for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
         *syms[i].fn = dlsym(lib, syms[i].name);

@@ -177,55 +177,41 @@ static __device__ uint32_t block_min_u32(uint32_t v, struct block_state *st)
     return v;
 }
 
-/* Exclusive prefix sum over the threads in order; *total gets the sum of all. */
-static __device__ uint64_t block_scan_u64(uint64_t v, uint64_t *total, struct block_state *st)
+/* Exclusive prefix sum over the threads in order; *total gets the sum of all. warp_sums is
+ * the block's shared room of WARPS values of T (st->u64 or st->f64). */
+template <class T> static __device__ T block_scan(T v, T *total, T *warp_sums)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    uint64_t x = v;
+    T x = v;
     for (int o = 1; o < 32; o <<= 1) {
-        uint64_t y = __shfl_up_sync(FULL, x, o);
+        T y = __shfl_up_sync(FULL, x, o);
         if (lane >= o)
             x += y;
     }
     if (lane == 31)
-        st->u64[warp] = x;
+        warp_sums[warp] = x;
     __syncthreads();
-    uint64_t w = lane < WARPS ? st->u64[lane] : 0;
+    T w = lane < WARPS ? warp_sums[lane] : T(0);
     for (int o = 1; o < 32; o <<= 1) {
-        uint64_t y = __shfl_up_sync(FULL, w, o);
+        T y = __shfl_up_sync(FULL, w, o);
         if (lane >= o)
             w += y;
     }
-    uint64_t before_warp = __shfl_sync(FULL, w, (warp + 31) & 31);
+    T before_warp = __shfl_sync(FULL, w, (warp + 31) & 31);
     *total = __shfl_sync(FULL, w, 31);
-    uint64_t before_lane = __shfl_up_sync(FULL, x, 1);
+    T before_lane = __shfl_up_sync(FULL, x, 1);
     __syncthreads();
-    return (warp ? before_warp : 0) + (lane ? before_lane : 0);
+    return (warp ? before_warp : T(0)) + (lane ? before_lane : T(0));
+}
+
+static __device__ uint64_t block_scan_u64(uint64_t v, uint64_t *total, struct block_state *st)
+{
+    return block_scan(v, total, st->u64);
 }
 
 static __device__ double block_scan_f64(double v, double *total, struct block_state *st)
 {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    double x = v;
-    for (int o = 1; o < 32; o <<= 1) {
-        double y = __shfl_up_sync(FULL, x, o);
-        if (lane >= o)
-            x += y;
-    }
-    if (lane == 31)
-        st->f64[warp] = x;
-    __syncthreads();
-    double w = lane < WARPS ? st->f64[lane] : 0.0;
-    for (int o = 1; o < 32; o <<= 1) {
-        double y = __shfl_up_sync(FULL, w, o);
-        if (lane >= o)
-            w += y;
-    }
-    double before_warp = __shfl_sync(FULL, w, (warp + 31) & 31);
-    *total = __shfl_sync(FULL, w, 31);
-    double before_lane = __shfl_up_sync(FULL, x, 1);
-    __syncthreads();
-    return (warp ? before_warp : 0.0) + (lane ? before_lane : 0.0);
+    return block_scan(v, total, st->f64);
 }
 
 static __device__ double block_sum_f64(double v, struct block_state *st)

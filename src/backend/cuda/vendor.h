@@ -14,6 +14,10 @@
 #ifndef CLLM_BACKEND_CUDA_VENDOR_H
 #define CLLM_BACKEND_CUDA_VENDOR_H
 
+/* A macro's expansion as a string (symbol and library names). */
+#define CLLM_VENDOR_STR2(x) #x
+#define CLLM_VENDOR_STR(x) CLLM_VENDOR_STR2(x)
+
 #if defined(CLLM_MUSA)
 
 #include <musa_runtime.h>
@@ -41,6 +45,7 @@
 #define cudaFreeHost musaFreeHost
 #define cudaMemcpy musaMemcpy
 #define cudaMemcpyAsync musaMemcpyAsync
+#define cudaMemcpyKind musaMemcpyKind
 #define cudaMemsetAsync musaMemsetAsync
 #define cudaMemcpyHostToDevice musaMemcpyHostToDevice
 #define cudaMemcpyDeviceToHost musaMemcpyDeviceToHost
@@ -92,12 +97,13 @@
 /* blas.cu opens it at run time */
 #define CLLM_BLAS_LIBRARY "libmublas.so"
 
-
 /* No programmatic dependent launch: kernels are launched the classic way (see below). */
-static __device__ __forceinline__ void cllm_pdl_wait(void) {}
+static __device__ __forceinline__ void cllm_pdl_wait(void)
+{
+}
 template <typename... KArgs, typename... Args>
-static inline cudaError_t cllm_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block,
-                                      size_t smem, cudaStream_t stream, Args... args)
+static inline cudaError_t cllm_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                      cudaStream_t stream, Args... args)
 {
     kernel<<<grid, block, smem, stream>>>(static_cast<KArgs>(args)...);
     return cudaGetLastError();
@@ -109,8 +115,6 @@ static inline cudaError_t cllm_launch(void (*kernel)(KArgs...), dim3 grid, dim3 
 #include <cuda_runtime.h>
 
 /* blas.cu opens cuBLAS at run time, by the soname of the version built against. */
-#define CLLM_VENDOR_STR2(x) #x
-#define CLLM_VENDOR_STR(x) CLLM_VENDOR_STR2(x)
 #define CLLM_BLAS_LIBRARY "libcublas.so." CLLM_VENDOR_STR(CUBLAS_VER_MAJOR)
 
 /* The tensor-core instruction gemm.cu is built on: d += a * b for one 16 x 8 x 16 tile (BF16
@@ -146,8 +150,8 @@ static __device__ __forceinline__ void cllm_pdl_wait(void)
 extern bool cllm_cuda_pdl;
 
 template <typename... KArgs, typename... Args>
-static inline cudaError_t cllm_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block,
-                                      size_t smem, cudaStream_t stream, Args... args)
+static inline cudaError_t cllm_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                      cudaStream_t stream, Args... args)
 {
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
