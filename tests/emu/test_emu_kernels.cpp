@@ -1,6 +1,6 @@
-/* Runs the launchers of kernels.cu / attention.cu under the CPU emulator against cpu/ref.c,
- * mirroring tests/gpu/test_gpu_ops.c (test_embed_norm_silu, test_attention). Host memory
- * stands in for device memory. */
+/* Runs the launchers of kernels.cu / attention.cu / gemm.cu under the CPU emulator against
+ * cpu/ref.c and exact products, mirroring tests/gpu/test_gpu_ops.c (test_embed_norm_silu,
+ * test_attention, the GEMM's batch invariance). Host memory stands in for device memory. */
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 extern "C" {
@@ -13,9 +13,8 @@ extern "C" {
 #include <string.h>
 #include <vector>
 
-static int fails, checks;
-#define CHECKF(c, ...) do { checks++; if (!(c)) { fails++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
-#define CHECK(c) CHECKF(c, "%s", #c)
+#include "test.h"
+
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static float frand(void)
@@ -33,29 +32,15 @@ static std::vector<float> randv(int64_t n, float scale)
 static float bf(__nv_bfloat16 h) { return cllm_bf16_to_f32(h.__x); }
 static float rbf(float f) { return cllm_bf16_to_f32(cllm_f32_to_bf16(f)); }
 
-static void check_close(const char *what, const float *got, const float *want, int64_t n, double rel, double abs_tol)
-{
-    int64_t worst = -1; double worst_excess = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - want[i]), tol = rel * fabs(want[i]) + abs_tol;
-        if (!(d <= tol) && (worst < 0 || d - tol > worst_excess))
-            worst = i, worst_excess = isnan(d) ? INFINITY : d - tol;
-    }
-    CHECKF(worst < 0, "%s: element %lld is %.9g, want %.9g", what, (long long)worst,
-           worst >= 0 ? got[worst] : 0.0, worst >= 0 ? want[worst] : 0.0);
-}
 /* distance in BF16 ulps between a stored bf16 value and bf16(want); reports histogram */
 static void ulp_report(const char *what, const __nv_bfloat16 *got, const float *want, int64_t n, bool strict = true)
 {
     int64_t h[3] = {0, 0, 0}; int maxu = 0;
     for (int64_t i = 0; i < n; i++) {
-        int a = (int16_t)got[i].__x, b = (int16_t)cllm_f32_to_bf16(want[i]);
-        /* sign-magnitude to ordered */
-        a = a < 0 ? (int)0x8000 - (a & 0x7fff) - 0x10000 + 0x10000 - 0x8000 - (a & 0x7fff) : a;
-        int ga = (got[i].__x & 0x8000) ? -(int)(got[i].__x & 0x7fff) : (int)got[i].__x;
+        /* sign-magnitude bits to a signed order, so that neighbours differ by one */
         uint16_t wb = cllm_f32_to_bf16(want[i]);
+        int ga = (got[i].__x & 0x8000) ? -(int)(got[i].__x & 0x7fff) : (int)got[i].__x;
         int gb = (wb & 0x8000) ? -(int)(wb & 0x7fff) : (int)wb;
-        (void)a; (void)b;
         int u = abs(ga - gb);
         h[u > 1 ? 2 : u]++;
         if (u > maxu) maxu = u;
@@ -84,7 +69,7 @@ static void test_embed_norm_silu(int32_t n, int32_t dim)
     for (int32_t t = 0; t < n; t++) cllm_ref_rmsnorm_row(&x_ref[(size_t)t * dim], g.data(), 1e-6f, dim, &out_ref[(size_t)t * dim]);
     CHECK(cllm_cuda_rmsnorm(NULL, x.data(), g.data(), 1e-6f, n, dim, out.data(), 0) == cudaSuccess);
     for (size_t i = 0; i < out.size(); i++) outf[i] = bf(out[i]);
-    check_close("rmsnorm", outf.data(), out_ref.data(), (int64_t)n * dim, 1.0 / 128, 1e-6);
+    test_check_close("rmsnorm", outf.data(), out_ref.data(), (int64_t)n * dim, 1.0 / 128, 1e-6);
     ulp_report("rmsnorm", out.data(), out_ref.data(), (int64_t)n * dim);
 
     /* add_rmsnorm */
@@ -95,7 +80,7 @@ static void test_embed_norm_silu(int32_t n, int32_t dim)
     CHECK(cllm_cuda_rmsnorm(res_g.data(), x.data(), g.data(), 1e-6f, n, dim, out.data(), 0) == cudaSuccess);
     CHECKF(memcmp(res_g.data(), res_c.data(), res_c.size() * 4) == 0, "add_rmsnorm residual not bit-exact");
     for (size_t i = 0; i < out.size(); i++) outf[i] = bf(out[i]);
-    check_close("add_rmsnorm", outf.data(), out_ref.data(), (int64_t)n * dim, 1.0 / 128, 1e-6);
+    test_check_close("add_rmsnorm", outf.data(), out_ref.data(), (int64_t)n * dim, 1.0 / 128, 1e-6);
     ulp_report("add_rmsnorm", out.data(), out_ref.data(), (int64_t)n * dim);
 
     /* silu_mul */
@@ -104,7 +89,7 @@ static void test_embed_norm_silu(int32_t n, int32_t dim)
     memset(out.data(), 0xff, out.size() * 2);
     CHECK(cllm_cuda_silu_mul(gu.data(), n, dim, out.data(), 0) == cudaSuccess);
     for (size_t i = 0; i < out.size(); i++) outf[i] = bf(out[i]);
-    check_close("silu_mul", outf.data(), out_ref.data(), (int64_t)n * dim, 1.0 / 128, 1e-6);
+    test_check_close("silu_mul", outf.data(), out_ref.data(), (int64_t)n * dim, 1.0 / 128, 1e-6);
     ulp_report("silu_mul", out.data(), out_ref.data(), (int64_t)n * dim);
 
     /* gather_rows, add_bias: exact */
@@ -176,7 +161,7 @@ static void test_attention(int32_t n_head, int32_t n_kv, int32_t hd, const int32
     CHECK(cllm_cuda_qkv_rope_store(&bg, &freqs, qkv_g.data(), ld, bias.data(), n_head, n_kv, hd, kg.data(), vg.data(), 0) == cudaSuccess);
     int bad_q = 0, q_ulp = 0;
     for (int32_t t = 0; t < T; t++) {
-        check_close("rope q", &qkv_g[(size_t)t * ld], &qkv_c[(size_t)t * ld], Q, 1e-6, 1e-6);
+        test_check_close("rope q", &qkv_g[(size_t)t * ld], &qkv_c[(size_t)t * ld], Q, 1e-6, 1e-6);
         for (int32_t i = 0; i < Q; i++) q_ulp += qkv_g[(size_t)t * ld + i] != qkv_c[(size_t)t * ld + i];
         (void)bad_q;
     }
@@ -215,7 +200,7 @@ static void test_attention(int32_t n_head, int32_t n_kv, int32_t hd, const int32
     for (size_t i = 0; i < att.size(); i++) att_g[i] = bf(att[i]);
     char what[96];
     snprintf(what, sizeof what, "attention %d/%d heads, hd %d, longest %d", n_head, n_kv, hd, max_len);
-    check_close(what, att_g.data(), att_c.data(), (int64_t)n * Q, 1.0 / 64, 2e-3);
+    test_check_close(what, att_g.data(), att_c.data(), (int64_t)n * Q, 1.0 / 64, 2e-3);
     double maxrel = 0;
     for (size_t i = 0; i < att_g.size(); i++) { double d = fabs(att_g[i] - att_c[i]) / (fabs(att_c[i]) + 2e-3 * 64); if (d > maxrel) maxrel = d; }
     printf("  attention: max |d|/(|want|+0.128) = %.3g\n", maxrel);
@@ -276,7 +261,7 @@ static void test_decode(int32_t n_head, int32_t n_kv, int32_t hd, int32_t L)
     CHECK(cllm_cuda_attention(&bg, q.data(), Q, kg.data(), vg.data(), n_head, n_kv, hd, 1.0f / sqrtf((float)hd), scratch.data(), att.data(), 0) == cudaSuccess);
     std::vector<float> att_g((size_t)n * Q);
     for (size_t i = 0; i < att.size(); i++) att_g[i] = bf(att[i]);
-    check_close("decode attention", att_g.data(), att_c.data(), (int64_t)n * Q, 1.0 / 64, 2e-3);
+    test_check_close("decode attention", att_g.data(), att_c.data(), (int64_t)n * Q, 1.0 / 64, 2e-3);
     ulp_report("decode attention (info)", att.data(), att_c.data(), (int64_t)n * Q, false);
     for (int32_t i = 0; i < n; i++) {
         struct cllm_cuda_batch one = {1, &ppos[i], &pseq[i], &pslot[i], table.data(), max_blocks, BS, ppos[i] + 1};
@@ -393,6 +378,5 @@ int main(int argc, char **argv)
     CHECK(cllm_cuda_gemm(w8.data(), NULL, 4, 12, x8.data(), 2, y8.data(), 4, NULL, 0, 0) == cudaErrorInvalidValue); /* K % 8 */
     CHECK(cllm_cuda_gemm(w8.data() + 1, NULL, 4, 8, x8.data(), 2, y8.data(), 4, NULL, 0, 0) == cudaErrorInvalidValue); /* alignment */
     CHECK(cllm_cuda_gemm(w8.data(), NULL, 4, 8, x8.data(), 2, y8.data(), 3, NULL, 0, 0) == cudaErrorInvalidValue);     /* ldy < N */
-    printf("%d checks, %d failed\n", checks, fails);
-    return fails != 0;
+    return test_summary();
 }

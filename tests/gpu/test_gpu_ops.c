@@ -80,21 +80,6 @@ static float *download_bf16(const void *p, int64_t n)
     return h;
 }
 
-/* Elementwise |got - want| <= rel * |want| + abs; reports the worst element. */
-static void check_close(const char *what, const float *got, const float *want, int64_t n,
-                        double rel, double abs_tol)
-{
-    int64_t worst = -1;
-    double worst_excess = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - want[i]), tol = rel * fabs(want[i]) + abs_tol;
-        if (!(d <= tol) && (worst < 0 || d - tol > worst_excess))
-            worst = i, worst_excess = isnan(d) ? INFINITY : d - tol;
-    }
-    CHECKF(worst < 0, "%s: element %lld is %.9g, want %.9g", what, (long long)worst,
-           worst >= 0 ? got[worst] : 0.0, worst >= 0 ? want[worst] : 0.0);
-}
-
 /* ||got - want|| / ||want|| <= bound. */
 static void check_norm(const char *what, const float *got, const float *want, int64_t n,
                        double bound)
@@ -124,8 +109,8 @@ static void make_weight(struct wpair *w, int64_t cols, int64_t rows, float scale
     w->bits = malloc((size_t)n * 2);
     for (int64_t i = 0; i < n; i++)
         w->bits[i] = cllm_f32_to_bf16(w->f32[i]);
-    w->t = (struct cllm_tensor){"w", CLLM_DTYPE_BF16, rows > 1 ? 2 : 1, {cols, rows, 1, 1},
-                                (uint64_t)n * 2, w->bits};
+    w->t = (struct cllm_tensor){
+        "w", CLLM_DTYPE_BF16, rows > 1 ? 2 : 1, {cols, rows, 1, 1}, (uint64_t)n * 2, w->bits};
     CHECK(cpu->iface->weight_init(cpu, &w->t, &w->c, NULL, 0) == CLLM_OK);
     CHECK(G->weight_init(gpu, &w->t, &w->g, NULL, 0) == CLLM_OK);
 }
@@ -158,14 +143,14 @@ static void test_embed_norm_silu(int32_t n, int32_t dim)
     CHECK(cpu->iface->rmsnorm(cpu, x_ref, &g.c, 1e-6f, n, dim, out_ref) == CLLM_OK);
     CHECK(G->rmsnorm(gpu, x_d, &g.g, 1e-6f, n, dim, out_d) == CLLM_OK);
     float *out = download_bf16(out_d, (int64_t)n * dim);
-    check_close("rmsnorm", out, out_ref, (int64_t)n * dim, 1.0 / 128, 1e-6);
+    test_check_close("rmsnorm", out, out_ref, (int64_t)n * dim, 1.0 / 128, 1e-6);
     free(out);
     CHECK(cpu->iface->add_rmsnorm(cpu, res, x_ref, &g.c, 1e-6f, n, dim, out_ref) == CLLM_OK);
     CHECK(G->add_rmsnorm(gpu, res_d, x_d, &g.g, 1e-6f, n, dim, out_d) == CLLM_OK);
     float *res_g = download_f32(res_d, (int64_t)n * dim);
     CHECK(memcmp(res_g, res, (size_t)n * dim * 4) == 0); /* F32 adds: identical */
     out = download_bf16(out_d, (int64_t)n * dim);
-    check_close("add_rmsnorm", out, out_ref, (int64_t)n * dim, 1.0 / 128, 1e-6);
+    test_check_close("add_rmsnorm", out, out_ref, (int64_t)n * dim, 1.0 / 128, 1e-6);
 
     /* silu_mul over [gate | up] rows */
     float *gu = randv((int64_t)n * 2 * dim, 4.0f);
@@ -174,7 +159,7 @@ static void test_embed_norm_silu(int32_t n, int32_t dim)
     CHECK(G->silu_mul(gpu, gu_d, n, dim, out_d) == CLLM_OK);
     free(out);
     out = download_bf16(out_d, (int64_t)n * dim);
-    check_close("silu_mul", out, out_ref, (int64_t)n * dim, 1.0 / 128, 1e-6);
+    test_check_close("silu_mul", out, out_ref, (int64_t)n * dim, 1.0 / 128, 1e-6);
 
     /* gather_rows: exact */
     int32_t idx[3] = {n - 1, 0, n / 2};
@@ -305,14 +290,17 @@ static void test_matmul_silu(int32_t K, int32_t N)
     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
         int32_t n = sizes[si];
         float *gu = randv((int64_t)n * 2 * K, 4.0f);
-        void *gu_d = dev_upload(gu, (size_t)n * 2 * K * 4), *act_d = dev_poisoned((size_t)n * K * 2);
+        void *gu_d = dev_upload(gu, (size_t)n * 2 * K * 4),
+             *act_d = dev_poisoned((size_t)n * K * 2);
         void *y_d = dev_poisoned((size_t)n * N * 4), *y2_d = dev_poisoned((size_t)n * N * 4);
         CHECK(G->silu_mul(gpu, gu_d, n, K, act_d) == CLLM_OK);
         CHECK(G->matmul(gpu, &w.g, NULL, act_d, n, y_d, N) == CLLM_OK);
         CHECK(G->matmul_silu && G->matmul_silu(gpu, &w.g, gu_d, n, K, y2_d, N) == CLLM_OK);
         float *y = download_f32(y_d, (int64_t)n * N), *y2 = download_f32(y2_d, (int64_t)n * N);
-        CHECKF(memcmp(y, y2, (size_t)n * N * 4) == 0, "matmul_silu %dx%d, %d rows: not the bits "
-               "of silu_mul + matmul", (int)N, (int)K, (int)n);
+        CHECKF(memcmp(y, y2, (size_t)n * N * 4) == 0,
+               "matmul_silu %dx%d, %d rows: not the bits "
+               "of silu_mul + matmul",
+               (int)N, (int)K, (int)n);
         G->dealloc(gpu, gu_d), G->dealloc(gpu, act_d), G->dealloc(gpu, y_d), G->dealloc(gpu, y2_d);
         free(gu), free(y), free(y2);
     }
@@ -343,7 +331,8 @@ static void test_attention(int32_t n_head, int32_t n_kv, int32_t hd, const int32
     for (int32_t i = 0; i < n_seqs * max_blocks; i++)
         table[i] = perm[i];
     int32_t T = n + 1; /* + a padding row */
-    int32_t *pos = malloc((size_t)T * 4), *seq = malloc((size_t)T * 4), *slot = malloc((size_t)T * 4);
+    int32_t *pos = malloc((size_t)T * 4), *seq = malloc((size_t)T * 4),
+            *slot = malloc((size_t)T * 4);
     for (int32_t s = 0, t = 0; s < n_seqs; s++)
         for (int32_t p = 0; p < lens[s]; p++, t++) {
             pos[t] = p, seq[t] = s;
@@ -385,13 +374,14 @@ static void test_attention(int32_t n_head, int32_t n_kv, int32_t hd, const int32
     uint16_t *pattern = malloc((size_t)cache_n * 2);
     for (int64_t i = 0; i < cache_n; i++)
         pattern[i] = 0x3f3f;
-    void *kc_d = dev_upload(pattern, (size_t)cache_n * 2), *vc_d = dev_upload(pattern, (size_t)cache_n * 2);
+    void *kc_d = dev_upload(pattern, (size_t)cache_n * 2),
+         *vc_d = dev_upload(pattern, (size_t)cache_n * 2);
     struct cllm_attn_batch bg = {T, pos_d, seq_d, slot_d, table_d, max_blocks, BS, max_len};
     CHECK(G->qkv_rope_store(gpu, &rope, &bg, qkv_d, ld, &bw.g, n_head, n_kv, kc_d, vc_d) ==
           CLLM_OK);
     float *qkv_g = download_f32(qkv_d, (int64_t)T * ld);
     for (int32_t t = 0; t < T; t++)
-        check_close("rope q", qkv_g + (int64_t)t * ld, qkv_c + (int64_t)t * ld, Q, 1e-6, 1e-6);
+        test_check_close("rope q", qkv_g + (int64_t)t * ld, qkv_c + (int64_t)t * ld, Q, 1e-6, 1e-6);
     float *kc_g = download_bf16(kc_d, cache_n), *vc_g = download_bf16(vc_d, cache_n);
     bool *written = calloc((size_t)nb * BS, 1);
     for (int32_t t = 0; t < n; t++)
@@ -399,8 +389,8 @@ static void test_attention(int32_t n_head, int32_t n_kv, int32_t hd, const int32
     int64_t bad_untouched = 0;
     for (int64_t s = 0; s < (int64_t)nb * BS; s++) {
         if (written[s]) {
-            check_close("k cache", kc_g + s * KV, kc + s * KV, KV, 1.0 / 128, 1e-6);
-            check_close("v cache", vc_g + s * KV, vc + s * KV, KV, 0.0, 0.0);
+            test_check_close("k cache", kc_g + s * KV, kc + s * KV, KV, 1.0 / 128, 1e-6);
+            test_check_close("v cache", vc_g + s * KV, vc + s * KV, KV, 0.0, 0.0);
         } else {
             for (int32_t i = 0; i < KV; i++)
                 bad_untouched += kc_g[s * KV + i] != cllm_bf16_to_f32(0x3f3f) ||
@@ -418,19 +408,24 @@ static void test_attention(int32_t n_head, int32_t n_kv, int32_t hd, const int32
                        scratch, att_d) == CLLM_OK);
     float *att_g = download_bf16(att_d, (int64_t)n * Q);
     char what[96];
-    snprintf(what, sizeof what, "attention %d/%d heads, hd %d, longest %d", (int)n_head,
-             (int)n_kv, (int)hd, (int)max_len);
-    check_close(what, att_g, att_c, (int64_t)n * Q, 1.0 / 64, 2e-3);
+    snprintf(what, sizeof what, "attention %d/%d heads, hd %d, longest %d", (int)n_head, (int)n_kv,
+             (int)hd, (int)max_len);
+    test_check_close(what, att_g, att_c, (int64_t)n * Q, 1.0 / 64, 2e-3);
 
     /* batch invariance: each sequence's last token alone (its q row moved to row 0) */
     for (int32_t s = 0, t_last = -1; s < n_seqs; s++) {
         t_last += lens[s];
-        struct cllm_attn_batch one = {1, (int32_t *)pos_d + t_last, (int32_t *)seq_d + t_last,
-                                      (int32_t *)slot_d + t_last, table_d, max_blocks, BS,
+        struct cllm_attn_batch one = {1,
+                                      (int32_t *)pos_d + t_last,
+                                      (int32_t *)seq_d + t_last,
+                                      (int32_t *)slot_d + t_last,
+                                      table_d,
+                                      max_blocks,
+                                      BS,
                                       lens[s]};
         void *one_d = dev_poisoned((size_t)Q * 2);
-        CHECK(G->attention(gpu, &one, (float *)qkv_d + (int64_t)t_last * ld, ld, kc_d, vc_d,
-                           n_head, n_kv, hd, 1.0f / sqrtf((float)hd), scratch, one_d) == CLLM_OK);
+        CHECK(G->attention(gpu, &one, (float *)qkv_d + (int64_t)t_last * ld, ld, kc_d, vc_d, n_head,
+                           n_kv, hd, 1.0f / sqrtf((float)hd), scratch, one_d) == CLLM_OK);
         float *one_g = download_bf16(one_d, Q);
         CHECKF(memcmp(one_g, att_g + (int64_t)t_last * Q, (size_t)Q * 4) == 0,
                "sequence %d (%d tokens): alone != batched", (int)s, (int)lens[s]);
@@ -459,8 +454,9 @@ static void test_graph(void)
     make_weight(&w, K, N, 0.05f);
     make_weight(&g, K, 1, 1.0f);
     void *res_d = NULL, *x_d = NULL, *xn_d = NULL, *y_d = NULL;
-    CHECK(G->alloc(gpu, n * K * 4, &res_d) == CLLM_OK && G->alloc(gpu, n * K * 4, &x_d) == CLLM_OK &&
-          G->alloc(gpu, n * K * 2, &xn_d) == CLLM_OK && G->alloc(gpu, n * N * 4, &y_d) == CLLM_OK);
+    CHECK(G->alloc(gpu, n * K * 4, &res_d) == CLLM_OK &&
+          G->alloc(gpu, n * K * 4, &x_d) == CLLM_OK && G->alloc(gpu, n * K * 2, &xn_d) == CLLM_OK &&
+          G->alloc(gpu, n * N * 4, &y_d) == CLLM_OK);
     float *want = NULL;
     for (int round = 0; round < 3; round++) {
         float *res = randv(n * K, 1.0f), *x = randv(n * K, 1.0f);
@@ -520,7 +516,7 @@ int main(void)
     test_matmul_invariance(1536, 8960); /* one slice */
     test_matmul_silu(8960, 1536);
     int32_t lens_a[] = {1, 17, 300};
-    int32_t lens_b[] = {5000, 2, 700}; /* 5000: split over several blocks */
+    int32_t lens_b[] = {5000, 2, 700};     /* 5000: split over several blocks */
     test_attention(12, 2, 128, lens_a, 3); /* Qwen2.5-1.5B */
     test_attention(14, 2, 64, lens_a, 3);  /* Qwen2.5-0.5B */
     test_attention(28, 4, 128, lens_b, 3); /* Qwen2.5-7B */

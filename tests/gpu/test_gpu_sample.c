@@ -38,19 +38,6 @@
 #define BENCH_REPS 10 /* launches timed per case; 0 skips the timings */
 #endif
 
-static uint64_t splitmix(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-static double urand(uint64_t *x)
-{
-    return (double)(splitmix(x) >> 11) * 0x1.0p-53;
-}
-
 enum kind { PEAKED, FLAT, TIES, SPECIAL, ZEROS, TAIL, N_KINDS };
 
 /* One row of logits of a kind: PEAKED a bell with 40 peaks (like real logits), FLAT uniform in
@@ -65,11 +52,11 @@ static void make_row(enum kind kind, uint64_t seed, float *l, int32_t n)
         for (int32_t i = 0; i < n; i++) {
             double s = 0;
             for (int j = 0; j < 4; j++)
-                s += urand(&x);
+                s += test_urand(&x);
             l[i] = (float)(s * 5.0 - 10.0);
         }
         for (int j = 0; j < 40; j++)
-            l[splitmix(&x) % (uint64_t)n] = (float)(18.0 - 0.3 * j + urand(&x) * 0.1);
+            l[test_splitmix(&x) % (uint64_t)n] = (float)(18.0 - 0.3 * j + test_urand(&x) * 0.1);
         for (int32_t i = 0; kind == SPECIAL && i < n; i++) {
             if (i % 7 == 0)
                 l[i] = NAN;
@@ -79,21 +66,21 @@ static void make_row(enum kind kind, uint64_t seed, float *l, int32_t n)
         break;
     case FLAT:
         for (int32_t i = 0; i < n; i++)
-            l[i] = (float)(urand(&x) * 2.0 - 1.0);
+            l[i] = (float)(test_urand(&x) * 2.0 - 1.0);
         break;
     case TIES:
         for (int32_t i = 0; i < n; i++)
-            l[i] = (float)(splitmix(&x) % 6) * 0.75f;
+            l[i] = (float)(test_splitmix(&x) % 6) * 0.75f;
         break;
     case ZEROS:
         for (int32_t i = 0; i < n; i++)
-            l[i] = (splitmix(&x) & 1) ? -0.0f : 0.0f;
+            l[i] = (test_splitmix(&x) & 1) ? -0.0f : 0.0f;
         break;
     case TAIL:
         for (int32_t i = 0; i < n; i++)
             l[i] = -2.0f;
         for (int j = 0; j < 30 && j < n; j++)
-            l[splitmix(&x) % (uint64_t)n] = (float)(9.0 - 0.25 * j);
+            l[test_splitmix(&x) % (uint64_t)n] = (float)(9.0 - 0.25 * j);
         break;
     default:
         break;

@@ -18,20 +18,6 @@
 
 #define QWEN_VOCAB 151936
 
-static uint64_t splitmix(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-/* Uniform in [0, 1). */
-static double urand(uint64_t *x)
-{
-    return (double)(splitmix(x) >> 11) * 0x1.0p-53;
-}
-
 /* gen_sampling.py's synth_logits, bit for bit: a bell of four 22-bit uniforms plus 40 peaks. */
 static void synth_logits(uint64_t seed, float *out, int32_t n)
 {
@@ -39,11 +25,11 @@ static void synth_logits(uint64_t seed, float *out, int32_t n)
     for (int32_t i = 0; i < n; i++) {
         uint64_t s = 0;
         for (int j = 0; j < 4; j++)
-            s += splitmix(&st) >> 42;
+            s += test_splitmix(&st) >> 42;
         out[i] = (float)((double)s * 0x1p-20 - 10.0);
     }
     for (int j = 0; j < 40; j++)
-        out[splitmix(&st) % (uint64_t)n] = (float)(18.0 - 0.3 * j);
+        out[test_splitmix(&st) % (uint64_t)n] = (float)(18.0 - 0.3 * j);
 }
 
 static struct cllm_sampling_params params(float t, int32_t k, float p, float min_p, float rep)
@@ -251,7 +237,7 @@ static void test_penalty_values(void)
 static void random_row(uint64_t *x, float *l, int32_t n, double scale)
 {
     for (int32_t i = 0; i < n; i++)
-        l[i] = (float)((urand(x) - 0.5) * scale);
+        l[i] = (float)((test_urand(x) - 0.5) * scale);
 }
 
 static void test_determinism(void)
@@ -445,16 +431,16 @@ static void test_against_reference(void)
     uint64_t x = 99;
     int bad_cases = 0;
     for (int c = 0; c < 300; c++) {
-        int32_t n = 2 + (int32_t)(urand(&x) * (N - 2));
+        int32_t n = 2 + (int32_t)(test_urand(&x) * (N - 2));
         int shape = c % 4;
         for (int32_t i = 0; i < n; i++) {
-            double u = urand(&x);
+            double u = test_urand(&x);
             if (shape == 0)
                 row[i] = (float)((u - 0.5) * 12); /* flat: wide nuclei */
             else if (shape == 1)
                 row[i] = (float)(floor((u - 0.5) * 16) / 2); /* half steps: many ties */
             else
-                row[i] = (float)((u - 0.5) * 8 + (urand(&x) < 0.01 ? 12 : 0)); /* peaked */
+                row[i] = (float)((u - 0.5) * 8 + (test_urand(&x) < 0.01 ? 12 : 0)); /* peaked */
         }
         if (shape == 3) {
             for (int32_t i = 0; i < n; i += 7)
@@ -462,14 +448,16 @@ static void test_against_reference(void)
         }
         struct cllm_sampling_params p;
         cllm_sampling_params_default(&p);
-        p.temperature = (float)(0.2 + urand(&x) * 2);
-        p.top_k = urand(&x) < 0.5 ? 0 : 1 + (int32_t)(urand(&x) * (urand(&x) < 0.2 ? n + 10 : 60));
-        p.top_p = urand(&x) < 0.3 ? 1.0f : (float)(0.05 + urand(&x) * 0.95);
-        p.min_p = urand(&x) < 0.5 ? 0.0f : (float)(urand(&x) * 0.5);
-        p.repetition_penalty = urand(&x) < 0.5 ? 1.0f : (float)(0.7 + urand(&x));
+        p.temperature = (float)(0.2 + test_urand(&x) * 2);
+        p.top_k = test_urand(&x) < 0.5
+                      ? 0
+                      : 1 + (int32_t)(test_urand(&x) * (test_urand(&x) < 0.2 ? n + 10 : 60));
+        p.top_p = test_urand(&x) < 0.3 ? 1.0f : (float)(0.05 + test_urand(&x) * 0.95);
+        p.min_p = test_urand(&x) < 0.5 ? 0.0f : (float)(test_urand(&x) * 0.5);
+        p.repetition_penalty = test_urand(&x) < 0.5 ? 1.0f : (float)(0.7 + test_urand(&x));
         int32_t seen[20];
         for (int i = 0; i < 20; i++)
-            seen[i] = (int32_t)(urand(&x) * n);
+            seen[i] = (int32_t)(test_urand(&x) * n);
         struct cllm_sampler *s;
         if (cllm_sampler_new(&s, &p, n, seen, 20)) {
             CHECK(0);
