@@ -120,6 +120,33 @@ void emu_warp_exchange(uint64_t v, uint64_t *all, void *site)
 
 void *emu_dyn_smem(void) { return dyn.data(); }
 
+/* cp.async groups per thread of the running block: [0] is the oldest committed group, the
+ * last one is still open (there always is one). */
+struct cp_copy { void *dst; const void *src; size_t n; };
+static std::vector<std::vector<std::vector<cp_copy>>> cp_groups;
+
+void emu_cp_async(void *dst, const void *src, size_t n)
+{
+    if ((uintptr_t)dst % 16 || (uintptr_t)src % 16) {
+        fprintf(stderr, "emu: cp.async of %zu bytes misaligned (dst %p src %p)\n", n, dst, src);
+        abort();
+    }
+    cp_groups[emu_cur->pub.tid.x].back().push_back({dst, src, n});
+}
+
+void emu_cp_commit(void) { cp_groups[emu_cur->pub.tid.x].emplace_back(); }
+
+void emu_cp_wait(int n)
+{
+    auto &g = cp_groups[emu_cur->pub.tid.x];
+    size_t committed = g.size() - 1; /* all but the open last one */
+    while (committed > (size_t)n) {
+        for (const cp_copy &c : g.front()) memcpy(c.dst, c.src, c.n);
+        g.erase(g.begin());
+        committed--;
+    }
+}
+
 static void trampoline()
 {
     (*body_fn)();
@@ -166,6 +193,7 @@ void emu_launch(std::function<void()> body, dim3 grid3, dim3 block3, size_t smem
         emu_blockIdx = {b, by, bz};
         memset(dyn.data(), 0xA5, dyn.size());
         bar_count = 0;
+        cp_groups.assign(block, std::vector<std::vector<cp_copy>>(1));
         for (unsigned t = 0; t < block; t++) {
             emu_thread &th = threads[t];
             th.pub.tid = {t, 0, 0};
@@ -200,6 +228,12 @@ void emu_launch(std::function<void()> body, dim3 grid3, dim3 block3, size_t smem
                 fprintf(stderr, "emu: block (%u,%u,%u) warp %zu ended with %u lanes in a collective\n", b, by, bz, wi, warps[wi].count);
                 abort();
             }
+        for (unsigned t = 0; t < block; t++)
+            for (const auto &grp : cp_groups[t])
+                if (!grp.empty()) {
+                    fprintf(stderr, "emu: block (%u,%u,%u) thread %u ended with cp.async copies never waited for\n", b, by, bz, t);
+                    abort();
+                }
         if (bar_count) {
             fprintf(stderr, "emu: block (%u,%u,%u) ended with %u threads in __syncthreads\n", b, by, bz, bar_count);
             abort();

@@ -106,9 +106,62 @@ static void test_embed_norm_silu(int32_t n, int32_t dim)
     CHECKF(memcmp(y.data(), y_c.data(), y.size() * 4) == 0, "add_bias not exact");
 }
 
-static void test_attention(int32_t n_head, int32_t n_kv, int32_t hd, const int32_t *lens, int32_t n_seqs)
+/* Absolute error allowed beside 1/64 relative (the BF16 output and K/V). The tensor-core
+ * kernel also rounds each softmax weight p to BF16 for the P V MMA (relative error <= 2^-9;
+ * the sum it divides by adds up the same rounded weights), so its output may move by up to
+ * 2^-9 max |v| more. */
+static double attention_abs_tol(const std::vector<float> &v, bool simt)
 {
-    printf("attention %d/%d heads hd %d lens", n_head, n_kv, hd);
+    double vmax = 0;
+    for (float x : v) vmax = fmax(vmax, fabs(x));
+    return 2e-3 + (simt ? 0.0 : vmax / 512);
+}
+
+/* The same tokens computed in other steps: in reverse order (every query tile one token) and
+ * in chunks of varied sizes, each token's rows must keep their bits. */
+static void check_regrouped(const char *kernel, const struct cllm_cuda_batch &all, const float *q, int32_t ldq,
+                            const __nv_bfloat16 *kg, const __nv_bfloat16 *vg, int32_t n_head, int32_t n_kv, int32_t hd,
+                            bool simt, const std::vector<__nv_bfloat16> &want)
+{
+    const int32_t n = all.n_tokens, Q = n_head * hd;
+    std::vector<int32_t> order(n);
+    for (int32_t i = 0; i < n; i++) order[i] = n - 1 - i;
+    /* chunk sizes cycle through these: 1-token chunks, tiles cut mid-way, tiles spanning two */
+    const int32_t sizes[] = {1, 7, 23, 2, 64, 11};
+    for (int pass = 0; pass < 2; pass++) {
+        int64_t bad_tokens = 0;
+        for (int32_t start = 0, k = 0; start < n; k++) {
+            int32_t len = pass == 0 ? n : sizes[k % 6];
+            if (len > n - start) len = n - start;
+            std::vector<int32_t> pos(len), seq(len), slot(len);
+            std::vector<float> qs((size_t)len * Q);
+            for (int32_t i = 0; i < len; i++) {
+                int32_t t = pass == 0 ? order[start + i] : start + i;
+                pos[i] = all.pos[t], seq[i] = all.seq[t], slot[i] = all.slot[t];
+                memcpy(&qs[(size_t)i * Q], q + (size_t)t * ldq, (size_t)Q * 4);
+            }
+            struct cllm_cuda_batch b = all;
+            b.n_tokens = len, b.pos = pos.data(), b.seq = seq.data(), b.slot = slot.data();
+            std::vector<unsigned char> scratch(cllm_cuda_attention_scratch(len, n_head, hd), 0xff);
+            std::vector<__nv_bfloat16> o((size_t)len * Q);
+            memset(o.data(), 0xff, o.size() * 2);
+            CHECK(cllm_cuda_attention(&b, qs.data(), Q, kg, vg, n_head, n_kv, hd, 1.0f / sqrtf((float)hd), simt, scratch.data(), o.data(), 0) == cudaSuccess);
+            for (int32_t i = 0; i < len; i++) {
+                int32_t t = pass == 0 ? order[start + i] : start + i;
+                bad_tokens += memcmp(&o[(size_t)i * Q], &want[(size_t)t * Q], (size_t)Q * 2) != 0;
+            }
+            start += len;
+        }
+        CHECKF(bad_tokens == 0, "%s attention: %lld tokens changed bits %s", kernel, (long long)bad_tokens,
+               pass == 0 ? "in reverse order" : "in other chunks");
+    }
+}
+
+static void test_attention(int32_t n_head, int32_t n_kv, int32_t hd, const int32_t *lens, int32_t n_seqs, bool simt,
+                           bool regroup = false)
+{
+    const char *kernel = simt ? "simt" : "mma";
+    printf("%s attention %d/%d heads hd %d lens", kernel, n_head, n_kv, hd);
     for (int s = 0; s < n_seqs; s++) printf(" %d", lens[s]);
     printf("\n");
     enum { BS = 16 };
@@ -149,6 +202,9 @@ static void test_attention(int32_t n_head, int32_t n_kv, int32_t hd, const int32
     struct cllm_attn_batch bc = {n, pos.data(), seq.data(), slot.data(), table.data(), max_blocks, BS, max_len};
     std::vector<float> qc((size_t)n * Q), att_c((size_t)n * Q);
     for (int32_t t = 0; t < n; t++) memcpy(&qc[(size_t)t * Q], &qkv_c[(size_t)t * ld], (size_t)Q * 4);
+    /* The tensor-core kernel's MMAs take Q as BF16 (as transformers' BF16 model has it) */
+    if (!simt)
+        for (float &x : qc) x = rbf(x);
     cllm_ref_attention(&bc, qc.data(), kc_r.data(), vc_r.data(), n_head, n_kv, hd, 1.0f / sqrtf((float)hd), att_c.data());
 
     /* emulated GPU */
@@ -195,12 +251,12 @@ static void test_attention(int32_t n_head, int32_t n_kv, int32_t hd, const int32
     std::vector<__nv_bfloat16> att((size_t)n * Q);
     memset(att.data(), 0xff, att.size() * 2);
     bg.n_tokens = n;
-    CHECK(cllm_cuda_attention(&bg, qkv_g.data(), ld, kg.data(), vg.data(), n_head, n_kv, hd, 1.0f / sqrtf((float)hd), scratch.data(), att.data(), 0) == cudaSuccess);
+    CHECK(cllm_cuda_attention(&bg, qkv_g.data(), ld, kg.data(), vg.data(), n_head, n_kv, hd, 1.0f / sqrtf((float)hd), simt, scratch.data(), att.data(), 0) == cudaSuccess);
     std::vector<float> att_g((size_t)n * Q);
     for (size_t i = 0; i < att.size(); i++) att_g[i] = bf(att[i]);
     char what[96];
-    snprintf(what, sizeof what, "attention %d/%d heads, hd %d, longest %d", n_head, n_kv, hd, max_len);
-    test_check_close(what, att_g.data(), att_c.data(), (int64_t)n * Q, 1.0 / 64, 2e-3);
+    snprintf(what, sizeof what, "%s attention %d/%d heads, hd %d, longest %d", kernel, n_head, n_kv, hd, max_len);
+    test_check_close(what, att_g.data(), att_c.data(), (int64_t)n * Q, 1.0 / 64, attention_abs_tol(vc_r, simt));
     double maxrel = 0;
     for (size_t i = 0; i < att_g.size(); i++) { double d = fabs(att_g[i] - att_c[i]) / (fabs(att_c[i]) + 2e-3 * 64); if (d > maxrel) maxrel = d; }
     printf("  attention: max |d|/(|want|+0.128) = %.3g\n", maxrel);
@@ -212,18 +268,20 @@ static void test_attention(int32_t n_head, int32_t n_kv, int32_t hd, const int32
         std::vector<__nv_bfloat16> o(Q);
         memset(o.data(), 0xff, o.size() * 2);
         std::vector<unsigned char> sc1(cllm_cuda_attention_scratch(1, n_head, hd), 0xff);
-        CHECK(cllm_cuda_attention(&one, &qkv_g[(size_t)t_last * ld], ld, kg.data(), vg.data(), n_head, n_kv, hd, 1.0f / sqrtf((float)hd), sc1.data(), o.data(), 0) == cudaSuccess);
+        CHECK(cllm_cuda_attention(&one, &qkv_g[(size_t)t_last * ld], ld, kg.data(), vg.data(), n_head, n_kv, hd, 1.0f / sqrtf((float)hd), simt, sc1.data(), o.data(), 0) == cudaSuccess);
         CHECKF(memcmp(o.data(), &att[(size_t)t_last * Q], (size_t)Q * 2) == 0, "sequence %d (%d tokens): alone != batched", s, lens[s]);
     }
-    CHECK(cllm_cuda_attention(&bg, qkv_g.data(), ld, kg.data(), vg.data(), n_head, n_kv, 96, 0.1f, scratch.data(), att.data(), 0) == cudaErrorInvalidValue);
+    if (regroup && !simt) /* attention_simt's blocks are one token each: nothing to regroup */
+        check_regrouped(kernel, bg, qkv_g.data(), ld, kg.data(), vg.data(), n_head, n_kv, hd, simt, att);
+    CHECK(cllm_cuda_attention(&bg, qkv_g.data(), ld, kg.data(), vg.data(), n_head, n_kv, 96, 0.1f, simt, scratch.data(), att.data(), 0) == cudaErrorInvalidValue);
     CHECK(cudaGetLastError() == cudaSuccess);
 }
 
 /* One long sequence whose whole prefix is stored, then attention for a few chosen positions
  * only (decode-like): split lengths above SPLIT_MIN (len > 4096) and split boundaries. */
-static void test_decode(int32_t n_head, int32_t n_kv, int32_t hd, int32_t L)
+static void test_decode(int32_t n_head, int32_t n_kv, int32_t hd, int32_t L, bool simt)
 {
-    printf("decode %d/%d heads hd %d, sequence of %d\n", n_head, n_kv, hd, L);
+    printf("%s decode %d/%d heads hd %d, sequence of %d\n", simt ? "simt" : "mma", n_head, n_kv, hd, L);
     enum { BS = 16 };
     int32_t max_blocks = (L + BS - 1) / BS, nb = max_blocks + 2;
     std::vector<int32_t> table(max_blocks);
@@ -252,22 +310,24 @@ static void test_decode(int32_t n_head, int32_t n_kv, int32_t hd, int32_t L)
         n++;
     }
     struct cllm_attn_batch bc = {n, ppos.data(), pseq.data(), pslot.data(), table.data(), max_blocks, BS, L};
-    std::vector<float> att_c((size_t)n * Q);
-    cllm_ref_attention(&bc, q.data(), kf.data(), vf.data(), n_head, n_kv, hd, 1.0f / sqrtf((float)hd), att_c.data());
+    std::vector<float> att_c((size_t)n * Q), q_ref = q;
+    if (!simt) /* BF16 Q, as in test_attention */
+        for (float &x : q_ref) x = rbf(x);
+    cllm_ref_attention(&bc, q_ref.data(), kf.data(), vf.data(), n_head, n_kv, hd, 1.0f / sqrtf((float)hd), att_c.data());
     struct cllm_cuda_batch bg = {n, ppos.data(), pseq.data(), pslot.data(), table.data(), max_blocks, BS, L};
     std::vector<unsigned char> scratch(cllm_cuda_attention_scratch(n, n_head, hd), 0xff);
     std::vector<__nv_bfloat16> att((size_t)n * Q);
     memset(att.data(), 0xff, att.size() * 2);
-    CHECK(cllm_cuda_attention(&bg, q.data(), Q, kg.data(), vg.data(), n_head, n_kv, hd, 1.0f / sqrtf((float)hd), scratch.data(), att.data(), 0) == cudaSuccess);
+    CHECK(cllm_cuda_attention(&bg, q.data(), Q, kg.data(), vg.data(), n_head, n_kv, hd, 1.0f / sqrtf((float)hd), simt, scratch.data(), att.data(), 0) == cudaSuccess);
     std::vector<float> att_g((size_t)n * Q);
     for (size_t i = 0; i < att.size(); i++) att_g[i] = bf(att[i]);
-    test_check_close("decode attention", att_g.data(), att_c.data(), (int64_t)n * Q, 1.0 / 64, 2e-3);
+    test_check_close("decode attention", att_g.data(), att_c.data(), (int64_t)n * Q, 1.0 / 64, attention_abs_tol(vf, simt));
     ulp_report("decode attention (info)", att.data(), att_c.data(), (int64_t)n * Q, false);
     for (int32_t i = 0; i < n; i++) {
         struct cllm_cuda_batch one = {1, &ppos[i], &pseq[i], &pslot[i], table.data(), max_blocks, BS, ppos[i] + 1};
         std::vector<__nv_bfloat16> o(Q);
         memset(o.data(), 0xff, o.size() * 2);
-        CHECK(cllm_cuda_attention(&one, &q[(size_t)i * Q], Q, kg.data(), vg.data(), n_head, n_kv, hd, 1.0f / sqrtf((float)hd), scratch.data(), o.data(), 0) == cudaSuccess);
+        CHECK(cllm_cuda_attention(&one, &q[(size_t)i * Q], Q, kg.data(), vg.data(), n_head, n_kv, hd, 1.0f / sqrtf((float)hd), simt, scratch.data(), o.data(), 0) == cudaSuccess);
         CHECKF(memcmp(o.data(), &att[(size_t)i * Q], (size_t)Q * 2) == 0, "position %d: alone != batched", ppos[i]);
     }
 }
@@ -358,13 +418,17 @@ int main(int argc, char **argv)
     }
     int32_t lens_a[] = {1, 17, 300};
     int32_t lens_b[] = {600, 2, 40};
-    if (which < 0 || which == 1) test_attention(12, 2, 128, lens_a, 3); /* group 6 */
-    if (which < 0 || which == 2) test_attention(12, 2, 64, lens_a, 3);
-    if (which < 0 || which == 3) test_attention(4, 2, 64, lens_b, 3);   /* group 2, split */
-    if (which < 0 || which == 4) test_attention(2, 2, 128, lens_b, 3);  /* no grouping, split */
-    if (which < 0 || which == 5) test_attention(6, 1, 128, lens_b, 3);  /* group 6, split */
-    if (which < 0 || which == 6) test_decode(4, 2, 64, 4700);
-    if (which < 0 || which == 7) test_decode(6, 1, 128, 4700);
+    for (int k = 0; k < 2; k++) {
+        const bool simt = k == 1; /* the tensor-core kernel first: the default */
+        /* regrouped: the emulator's slowest part, so on two shapes only */
+        if (which < 0 || which == 1) test_attention(12, 2, 128, lens_a, 3, simt, true); /* group 6 */
+        if (which < 0 || which == 2) test_attention(12, 2, 64, lens_a, 3, simt);
+        if (which < 0 || which == 3) test_attention(4, 2, 64, lens_b, 3, simt, true); /* group 2, split */
+        if (which < 0 || which == 4) test_attention(2, 2, 128, lens_b, 3, simt);  /* no grouping, split */
+        if (which < 0 || which == 5) test_attention(6, 1, 128, lens_b, 3, simt);  /* group 6, split */
+        if (which < 0 || which == 6) test_decode(4, 2, 64, 4700, simt);
+        if (which < 0 || which == 7) test_decode(6, 1, 128, 4700, simt);
+    }
     if (which < 0 || which == 8) {
         test_gemm(40, 72, 70, true);     /* K not a multiple of 32, N not of 16, one slice */
         test_gemm(300, 1024, 70, false); /* several slices, two token tiles */

@@ -361,8 +361,21 @@ static void test_attention(int32_t n_head, int32_t n_kv, int32_t hd, const int32
         vc[i] = cllm_bf16_to_f32(cllm_f32_to_bf16(vc[i]));
     }
     bc.n_tokens = n;
+    /* The tensor-core kernel (unless CLLM_ATTN_SIMT=1) takes Q as BF16, as transformers' BF16
+     * model has it, and rounds each softmax weight to BF16 for its P V MMA (relative error
+     * <= 2^-9, and it divides by the sum of the rounded weights): its output may move by up
+     * to 2^-9 max |v| beyond the BF16 output's own rounding. */
+    const char *simt_env = getenv("CLLM_ATTN_SIMT");
+    bool mma = !(simt_env && strcmp(simt_env, "1") == 0);
+    float *q_ref = malloc((size_t)n * ld * 4), vmax = 0.0f;
+    memcpy(q_ref, qkv_c, (size_t)n * ld * 4);
+    for (int64_t i = 0; mma && i < (int64_t)n * ld; i++)
+        if (i % ld < Q)
+            q_ref[i] = cllm_bf16_to_f32(cllm_f32_to_bf16(q_ref[i]));
+    for (int64_t i = 0; i < cache_n; i++)
+        vmax = fabsf(vc[i]) > vmax ? fabsf(vc[i]) : vmax;
     float *att_c = malloc((size_t)n * Q * 4);
-    CHECK(cpu->iface->attention(cpu, &bc, qkv_c, ld, kc, vc, n_head, n_kv, hd,
+    CHECK(cpu->iface->attention(cpu, &bc, q_ref, ld, kc, vc, n_head, n_kv, hd,
                                 1.0f / sqrtf((float)hd), NULL, att_c) == CLLM_OK);
 
     /* GPU */
@@ -410,7 +423,7 @@ static void test_attention(int32_t n_head, int32_t n_kv, int32_t hd, const int32
     char what[96];
     snprintf(what, sizeof what, "attention %d/%d heads, hd %d, longest %d", (int)n_head, (int)n_kv,
              (int)hd, (int)max_len);
-    test_check_close(what, att_g, att_c, (int64_t)n * Q, 1.0 / 64, 2e-3);
+    test_check_close(what, att_g, att_c, (int64_t)n * Q, 1.0 / 64, 2e-3 + (mma ? vmax / 512 : 0.0));
 
     /* batch invariance: each sequence's last token alone (its q row moved to row 0) */
     for (int32_t s = 0, t_last = -1; s < n_seqs; s++) {
@@ -432,6 +445,37 @@ static void test_attention(int32_t n_head, int32_t n_kv, int32_t hd, const int32
         free(one_g);
         G->dealloc(gpu, one_d);
     }
+    /* ... and every token in reverse order: each query tile is then one token, where the
+     * step above shared tiles between up to 64 / group tokens. The tensor cores must give each
+     * row the same bits whatever the other rows of its MMA hold. */
+    {
+        int32_t *rpos = malloc((size_t)n * 4), *rseq = malloc((size_t)n * 4),
+                *rslot = malloc((size_t)n * 4);
+        float *rq = malloc((size_t)n * ld * 4);
+        for (int32_t i = 0; i < n; i++) {
+            int32_t t = n - 1 - i;
+            rpos[i] = pos[t], rseq[i] = seq[t], rslot[i] = slot[t];
+            memcpy(rq + (int64_t)i * ld, qkv_g + (int64_t)t * ld, (size_t)ld * 4);
+        }
+        void *rpos_d = dev_upload(rpos, (size_t)n * 4), *rseq_d = dev_upload(rseq, (size_t)n * 4),
+             *rslot_d = dev_upload(rslot, (size_t)n * 4),
+             *rq_d = dev_upload(rq, (size_t)n * ld * 4);
+        void *rev_d = dev_poisoned((size_t)n * Q * 2);
+        struct cllm_attn_batch rb = {n, rpos_d, rseq_d, rslot_d, table_d, max_blocks, BS, max_len};
+        CHECK(G->attention(gpu, &rb, rq_d, ld, kc_d, vc_d, n_head, n_kv, hd,
+                           1.0f / sqrtf((float)hd), scratch, rev_d) == CLLM_OK);
+        float *rev = download_bf16(rev_d, (int64_t)n * Q);
+        int32_t changed = 0;
+        for (int32_t i = 0; i < n; i++)
+            changed +=
+                memcmp(rev + (int64_t)i * Q, att_g + (int64_t)(n - 1 - i) * Q, (size_t)Q * 4) != 0;
+        CHECKF(changed == 0, "attention %d/%d heads: %d of %d tokens changed bits in reverse order",
+               (int)n_head, (int)n_kv, (int)changed, (int)n);
+        void *rbufs[] = {rpos_d, rseq_d, rslot_d, rq_d, rev_d};
+        for (size_t i = 0; i < sizeof rbufs / sizeof rbufs[0]; i++)
+            G->dealloc(gpu, rbufs[i]);
+        free(rpos), free(rseq), free(rslot), free(rq), free(rev);
+    }
     CHECK(G->attention(gpu, &bg, qkv_d, ld, kc_d, vc_d, n_head, n_kv, 96, 0.1f, scratch, att_d) ==
           CLLM_ERR_INVALID_ARG);
 
@@ -441,8 +485,8 @@ static void test_attention(int32_t n_head, int32_t n_kv, int32_t hd, const int32
     cpu->iface->weight_free(cpu, &bw.c);
     G->weight_free(gpu, &bw.g);
     free(table), free(perm), free(pos), free(seq), free(slot), free(qkv), free(bias), free(qkv_c),
-        free(kc), free(vc), free(att_c), free(qkv_g), free(kc_g), free(vc_g), free(written),
-        free(att_g), free(pattern);
+        free(kc), free(vc), free(att_c), free(q_ref), free(qkv_g), free(kc_g), free(vc_g),
+        free(written), free(att_g), free(pattern);
 }
 
 /* A recorded sequence (add_rmsnorm then matmul) replayed over new inputs at the same

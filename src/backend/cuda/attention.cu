@@ -1,29 +1,41 @@
 /*
  * Paged causal attention over a BF16 KV cache, for prefill and decode alike.
  *
- * One block per (token, KV head, split): its warps are the query heads that share the KV
- * head (grouped-query attention), so each K/V tile is read from memory once for the whole
- * group. Keys are taken 32 at a time into shared memory; lane j of each warp scores key j,
- * then an online-softmax rescale folds the tile into the warp's running sum, each lane
- * holding head_dim / 32 output dimensions.
+ * The formula (both kernels below compute it for each query row = one token's one head):
+ *   - the row's keys 0..pos are cut into splits whose length depends only on pos
+ *     (split_len_for), and each split into tiles of TILE keys at fixed absolute positions;
+ *   - within a split, an online softmax folds tile after tile into (max, sum, accumulator);
+ *   - a combine kernel merges the splits in order.
+ * Nothing in it depends on the other rows of the step, so a sequence gets the same bits
+ * whether it runs alone or with 255 others, and a prompt token the same bits whether its
+ * chunk holds 1 token or 512 (batch invariance).
  *
- * Long contexts are split over up to MAX_SPLITS blocks per (token, head), which a second
- * kernel combines. How a token's keys are split depends only on that token's own length,
- * never on the rest of the batch, and the combine runs in a fixed order: a sequence gets
- * the same bits whether it runs alone or with 255 others (batch invariance).
+ * attention_mma (tensor cores, the default where mma.sync exists): one block per query tile
+ * x KV head x split. A query tile is up to 64 / group consecutive tokens of one sequence, and
+ * its rows are (token, query head of the group): a prefill chunk shares each K/V tile across
+ * all its tokens and heads; a decode token still shares it across its group. Q K^T and P V
+ * are m16n8k16 MMAs (BF16 in, F32 accumulate); K/V tiles come in through cp.async, double
+ * buffered. Q and the softmax weights P enter the MMAs as BF16, as in FlashAttention 2.
  *
- * Costs: one pass over the token's K/V per KV head. For prefill each token re-reads its
- * prefix (from L2 for a few thousand tokens); a tensor-core (mma) prefill kernel that shares
- * K/V tiles across query tokens is the next step for long prompts.
+ * attention_simt (CUDA cores; vendors without MMA, and CLLM_ATTN_SIMT=1 for comparison): one
+ * block per (token, KV head, split), a warp per query head, lane j scoring key j of a tile,
+ * Q and P in F32. Same splits and tiles, different rounding: a process uses one or the other.
  */
 #include "backend/cuda/vendor.h"
 
 #include "backend/cuda/kernels.h"
 
-#define TILE 32       /* keys per shared-memory tile: one per lane */
-#define MAX_GROUP 16  /* query heads per KV head (warps per block) */
+#define TILE 32       /* keys per tile */
+#define MAX_GROUP 16  /* attention_simt: query heads per KV head (warps per block) */
 #define MAX_SPLITS 16 /* blocks one (token, head) is split over at most */
 #define SPLIT_MIN 256 /* keys per split at least */
+
+#define MMA_WARPS 4               /* attention_mma: 16 query rows per warp */
+#define MMA_ROWS (16 * MMA_WARPS) /* query rows per block */
+#define MMA_MAX_GROUP MMA_ROWS    /* a tile holds at least one token's heads */
+#define KV_PAD                                                                                     \
+    8 /* BF16 after each shared K/V row: a row stride of 4 (mod 32) words puts the                 \
+       * fragment reads of a warp on 32 different banks, rows stay 16-byte aligned */
 
 /* Keys per split for a token that attends to len keys: a function of len alone. */
 static __host__ __device__ int32_t split_len_for(int32_t len)
@@ -47,12 +59,12 @@ static __device__ float warp_sum(float v)
     return v;
 }
 
-/* D = head_dim / 32 dimensions per lane. */
+/* The CUDA-core kernel; D = head_dim / 32 dimensions per lane. */
 template <int D>
 static __global__ void __launch_bounds__(32 * MAX_GROUP)
-    attention_kernel(struct cllm_cuda_batch b, const float *q, int32_t ldq,
-                     const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache, int32_t n_head,
-                     int32_t n_kv, float scale, __nv_bfloat16 *out, float *part_acc, float *part_ml)
+    attention_simt(struct cllm_cuda_batch b, const float *q, int32_t ldq,
+                   const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache, int32_t n_head,
+                   int32_t n_kv, float scale, __nv_bfloat16 *out, float *part_acc, float *part_ml)
 {
     cllm_pdl_wait();
     constexpr int HD = 32 * D;
@@ -152,7 +164,274 @@ static __global__ void __launch_bounds__(32 * MAX_GROUP)
     }
 }
 
-/* One block per (token, head), one thread per dimension: merges the token's splits in order. */
+#ifdef CLLM_HAVE_MMA
+
+/* Does token t start a query tile? Tiles are runs of consecutive tokens of one sequence at
+ * consecutive positions, cut where pos is a multiple of tile_tokens. */
+static __device__ bool leads_tile(const struct cllm_cuda_batch &b, int32_t t, int32_t tile_tokens)
+{
+    return t == 0 || b.seq[t - 1] != b.seq[t] || b.pos[t - 1] + 1 != b.pos[t] ||
+           b.pos[t] % tile_tokens == 0;
+}
+
+/* Keys [*lo, *hi) that query row with position pos reads in split `split` (empty: lo >= hi). */
+static __device__ void split_range(int32_t pos, int32_t split, int32_t *lo, int32_t *hi)
+{
+    const int32_t len = pos + 1, sl = split_len_for(len);
+    *lo = split * sl;
+    *hi = min(len, *lo + sl);
+}
+
+static __device__ __forceinline__ unsigned pack_bf16(float lo, float hi)
+{
+    return (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
+           (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16;
+}
+
+static __device__ __forceinline__ unsigned pack_bf16(__nv_bfloat16 lo, __nv_bfloat16 hi)
+{
+    return (unsigned)__bfloat16_as_ushort(lo) | (unsigned)__bfloat16_as_ushort(hi) << 16;
+}
+
+/* Sum over the 4 lanes of a quad (the lanes holding one MMA row): the same bits in all 4. */
+static __device__ __forceinline__ float quad_sum(float v)
+{
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+static __device__ __forceinline__ float quad_max(float v)
+{
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+/* One query row of a lane: which token and head, its keys in this split, its softmax state. */
+struct mma_row {
+    int32_t t, h;   /* token index in the step, query head; t < 0 for a padding row */
+    int32_t lo, hi; /* keys this split reads for the row */
+    float m, l;     /* running max (base 2) and sum of the weights */
+};
+
+/* The tensor-core kernel; HD = head_dim. Lane (g = lane / 4, q = lane % 4) of warp w holds the
+ * MMA rows g and g + 8 of the warp's 16 rows (block rows 16 w + g, 16 w + g + 8). */
+template <int HD>
+static __global__ void __launch_bounds__(MMA_WARPS * 32)
+    attention_mma(struct cllm_cuda_batch b, const float *q, int32_t ldq,
+                  const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache, int32_t n_head,
+                  int32_t n_kv, float scale_log2, __nv_bfloat16 *out, float *part_acc,
+                  float *part_ml)
+{
+    cllm_pdl_wait();
+    constexpr int KC = HD / 16;  /* MMA k-steps of Q K^T */
+    constexpr int ND = HD / 8;   /* MMA n-tiles of the output */
+    constexpr int NK = TILE / 8; /* MMA n-tiles of the scores */
+    constexpr int ROW = HD + KV_PAD;
+    constexpr int CHUNKS = HD / 8; /* 16-byte chunks per K/V row */
+    __shared__ __align__(16) __nv_bfloat16 ks[2][TILE][ROW];
+    __shared__ __align__(16) __nv_bfloat16 vs[2][TILE][ROW];
+
+    const int32_t t0 = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+    const int32_t group = n_head / n_kv, tile_tokens = MMA_ROWS / group;
+    if (!leads_tile(b, t0, tile_tokens))
+        return; /* the whole block: its token belongs to an earlier token's tile */
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
+    /* The tile's length: lane x looks at the tokens 1 + x and 33 + x after t0 (tile_tokens
+     * <= 64), and the first that does not continue the tile ends it. Every warp alike. */
+    const int32_t c0 = 1 + lane, c1 = 33 + lane;
+    const unsigned end0 = __ballot_sync(0xffffffffu, c0 >= tile_tokens || t0 + c0 >= b.n_tokens ||
+                                                         leads_tile(b, t0 + c0, tile_tokens));
+    const unsigned end1 = __ballot_sync(0xffffffffu, c1 >= tile_tokens || t0 + c1 >= b.n_tokens ||
+                                                         leads_tile(b, t0 + c1, tile_tokens));
+    const int32_t count = end0 ? __ffs(end0) : 32 + __ffs(end1);
+    /* Keys the block loads: the union of its rows' ranges (each row masks the rest). */
+    int32_t lo = 0x7fffffff, hi = 0;
+    for (int32_t i = lane; i < count; i += 32) {
+        int32_t rlo, rhi;
+        split_range(b.pos[t0 + i], split, &rlo, &rhi);
+        if (rlo < rhi)
+            lo = min(lo, rlo), hi = max(hi, rhi);
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+        hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+    }
+    if (lo >= hi)
+        return; /* no row has keys in this split; no barrier has been reached yet */
+
+    const bool warp_has_rows = 16 * warp / group < count; /* warp-uniform */
+    struct mma_row row[2];
+    unsigned qa[KC][4]; /* Q as MMA A fragments, BF16 */
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int32_t r = 16 * warp + g + 8 * i, tt = r / group;
+        row[i].t = tt < count ? t0 + tt : -1;
+        row[i].h = kvh * group + r % group;
+        row[i].lo = row[i].hi = 0;
+        if (row[i].t >= 0)
+            split_range(b.pos[row[i].t], split, &row[i].lo, &row[i].hi);
+        row[i].m = -INFINITY;
+        row[i].l = 0.0f;
+    }
+#pragma unroll
+    for (int kc = 0; kc < KC; kc++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const struct mma_row &rw = row[j & 1];
+            const int32_t d = 16 * kc + 2 * qd + 8 * (j >> 1);
+            qa[kc][j] = 0u;
+            if (rw.t >= 0) {
+                const float *src = q + (int64_t)rw.t * ldq + (int64_t)rw.h * HD + d;
+                qa[kc][j] = pack_bf16(src[0], src[1]);
+            }
+        }
+    float acc[ND][4];
+#pragma unroll
+    for (int n = 0; n < ND; n++)
+        acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+
+    const int32_t *table = b.block_table + (int64_t)b.seq[t0] * b.max_blocks;
+    const int64_t kv_stride = (int64_t)n_kv * HD; /* elements between consecutive slots */
+    const int32_t n_tiles = (hi - lo + TILE - 1) / TILE;
+    /* Queues tile i's keys into buffer buf; keys past hi become zeros (always masked). */
+    auto load_tile = [&](int32_t i, int buf) {
+        for (int c = threadIdx.x; c < TILE * CHUNKS; c += MMA_WARPS * 32) {
+            const int j = c / CHUNKS, e = (c % CHUNKS) * 8;
+            const int32_t p = lo + i * TILE + j;
+            if (p < hi) {
+                int64_t slot = (int64_t)table[p / b.block_size] * b.block_size + p % b.block_size;
+                int64_t at = slot * kv_stride + (int64_t)kvh * HD + e;
+                cllm_cp_async16(&ks[buf][j][e], k_cache + at);
+                cllm_cp_async16(&vs[buf][j][e], v_cache + at);
+            } else {
+                *(uint4 *)&ks[buf][j][e] = make_uint4(0, 0, 0, 0);
+                *(uint4 *)&vs[buf][j][e] = make_uint4(0, 0, 0, 0);
+            }
+        }
+        cllm_cp_async_commit();
+    };
+
+    load_tile(0, 0);
+    for (int32_t i = 0; i < n_tiles; i++) {
+        const int buf = i & 1;
+        if (i + 1 < n_tiles)
+            load_tile(i + 1, buf ^ 1);
+        else
+            cllm_cp_async_commit(); /* an empty group: wait<1> below still means "tile i" */
+        cllm_cp_async_wait<1>();
+        __syncthreads();
+        if (warp_has_rows) {
+            const int32_t p0 = lo + i * TILE;
+            /* scores s = Q K^T for the warp's 16 rows x TILE keys */
+            float s[NK][4];
+#pragma unroll
+            for (int j = 0; j < NK; j++) {
+                s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+                const __nv_bfloat16 *kr = &ks[buf][8 * j + g][2 * qd];
+#pragma unroll
+                for (int kc = 0; kc < KC; kc++) {
+                    const unsigned kb[2] = {*(const unsigned *)(kr + 16 * kc),
+                                            *(const unsigned *)(kr + 16 * kc + 8)};
+                    cllm_mma_bf16_16816(s[j], qa[kc], kb);
+                }
+            }
+            /* online softmax, base 2: element e of s[j] is row (e >> 1), key 8 j + 2 q + (e & 1) */
+            float corr[2];
+#pragma unroll
+            for (int i2 = 0; i2 < 2; i2++) {
+                struct mma_row &rw = row[i2];
+                float mx = -INFINITY;
+#pragma unroll
+                for (int j = 0; j < NK; j++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int32_t p = p0 + 8 * j + 2 * qd + e;
+                        float x = s[j][2 * i2 + e] * scale_log2;
+                        x = p >= rw.lo && p < rw.hi ? x : -INFINITY;
+                        s[j][2 * i2 + e] = x;
+                        mx = fmaxf(mx, x);
+                    }
+                const float m_new = fmaxf(rw.m, quad_max(mx));
+                /* a row with no key yet keeps its state exactly (-inf - -inf would be NaN) */
+                corr[i2] = m_new == -INFINITY ? 1.0f : exp2f(rw.m - m_new);
+                float sum = 0.0f;
+#pragma unroll
+                for (int j = 0; j < NK; j++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const float x = s[j][2 * i2 + e];
+                        /* the weight as the P V MMA will see it: rounded to BF16 */
+                        const float w =
+                            x == -INFINITY
+                                ? 0.0f
+                                : __bfloat162float(__float2bfloat16_rn(exp2f(x - m_new)));
+                        s[j][2 * i2 + e] = w;
+                        sum += w;
+                    }
+                rw.l = rw.l * corr[i2] + quad_sum(sum);
+                rw.m = m_new;
+            }
+#pragma unroll
+            for (int n = 0; n < ND; n++) {
+                acc[n][0] *= corr[0], acc[n][1] *= corr[0];
+                acc[n][2] *= corr[1], acc[n][3] *= corr[1];
+            }
+            /* acc += P V: the score tiles 2 kk and 2 kk + 1 are the A fragment of keys 16 kk.. */
+#pragma unroll
+            for (int kk = 0; kk < TILE / 16; kk++) {
+                const unsigned pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]),
+                                        pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                                        pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                        pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+                const int key = 16 * kk + 2 * qd;
+#pragma unroll
+                for (int n = 0; n < ND; n++) {
+                    const int d = 8 * n + g;
+                    const unsigned vb[2] = {pack_bf16(vs[buf][key][d], vs[buf][key + 1][d]),
+                                            pack_bf16(vs[buf][key + 8][d], vs[buf][key + 9][d])};
+                    cllm_mma_bf16_16816(acc[n], pa, vb);
+                }
+            }
+        }
+        __syncthreads(); /* buffer buf is free for tile i + 2 */
+    }
+    cllm_cp_async_wait<0>();
+
+    /* acc[n][2 i + c] is row i's dimension 8 n + 2 q + c */
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const struct mma_row &rw = row[i];
+        if (rw.t < 0 || rw.lo >= rw.hi)
+            continue;
+        const int32_t len = b.pos[rw.t] + 1;
+        const int64_t th = (int64_t)rw.t * n_head + rw.h;
+        if (split_len_for(len) >= len) { /* the row's only split: the answer itself */
+            const float inv = 1.0f / rw.l;
+#pragma unroll
+            for (int n = 0; n < ND; n++) {
+                __nv_bfloat162 o;
+                o.x = __float2bfloat16_rn(acc[n][2 * i] * inv);
+                o.y = __float2bfloat16_rn(acc[n][2 * i + 1] * inv);
+                *(__nv_bfloat162 *)&out[th * HD + 8 * n + 2 * qd] = o;
+            }
+            continue;
+        }
+        float *pa = part_acc + (th * MAX_SPLITS + split) * HD;
+#pragma unroll
+        for (int n = 0; n < ND; n++)
+            pa[8 * n + 2 * qd] = acc[n][2 * i], pa[8 * n + 2 * qd + 1] = acc[n][2 * i + 1];
+        if (qd == 0) {
+            part_ml[(th * MAX_SPLITS + split) * 2] = rw.m;
+            part_ml[(th * MAX_SPLITS + split) * 2 + 1] = rw.l;
+        }
+    }
+}
+
+#endif /* CLLM_HAVE_MMA */
+
+/* One block per (token, head), one thread per dimension: merges the token's splits in order.
+ * BASE2: the kernel kept its maxima in log2 units (attention_mma). */
+template <bool BASE2>
 static __global__ void combine_kernel(struct cllm_cuda_batch b, int32_t n_head, int32_t hd,
                                       const float *part_acc, const float *part_ml,
                                       __nv_bfloat16 *out)
@@ -162,7 +441,7 @@ static __global__ void combine_kernel(struct cllm_cuda_batch b, int32_t n_head, 
     const int32_t len = b.pos[t] + 1, split_len = split_len_for(len);
     const int32_t n_splits = (len + split_len - 1) / split_len;
     if (n_splits == 1)
-        return; /* written by attention_kernel */
+        return; /* written by the attention kernel */
     int64_t th = (int64_t)t * n_head + h;
     const float *ml = part_ml + th * MAX_SPLITS * 2;
     float mx = -INFINITY;
@@ -171,7 +450,7 @@ static __global__ void combine_kernel(struct cllm_cuda_batch b, int32_t n_head, 
     for (int32_t d = threadIdx.x; d < hd; d += blockDim.x) {
         float num = 0.0f, den = 0.0f;
         for (int32_t s = 0; s < n_splits; s++) {
-            float w = expf(ml[2 * s] - mx);
+            float w = BASE2 ? exp2f(ml[2 * s] - mx) : expf(ml[2 * s] - mx);
             num = fmaf(w, part_acc[(th * MAX_SPLITS + s) * hd + d], num);
             den = fmaf(w, ml[2 * s + 1], den);
         }
@@ -184,36 +463,60 @@ size_t cllm_cuda_attention_scratch(int32_t n_tokens, int32_t n_head, int32_t hea
     return (size_t)n_tokens * (size_t)n_head * MAX_SPLITS * ((size_t)head_dim + 2) * sizeof(float);
 }
 
-int cllm_cuda_attention_supported(int32_t n_head, int32_t n_kv, int32_t head_dim)
+int cllm_cuda_attention_supported(int32_t n_head, int32_t n_kv, int32_t head_dim, bool simt)
 {
-    return n_kv > 0 && n_head % n_kv == 0 && n_head / n_kv <= MAX_GROUP &&
+#ifndef CLLM_HAVE_MMA
+    simt = true;
+#endif
+    return n_kv > 0 && n_head % n_kv == 0 && n_head / n_kv <= (simt ? MAX_GROUP : MMA_MAX_GROUP) &&
            (head_dim == 64 || head_dim == 128);
 }
 
 cudaError_t cllm_cuda_attention(const struct cllm_cuda_batch *b, const float *q, int32_t ldq,
                                 const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache,
                                 int32_t n_head, int32_t n_kv, int32_t head_dim, float scale,
-                                void *scratch, __nv_bfloat16 *out, cudaStream_t stream)
+                                bool simt, void *scratch, __nv_bfloat16 *out, cudaStream_t stream)
 {
+#ifndef CLLM_HAVE_MMA
+    simt = true;
+#endif
     if (b->n_tokens <= 0)
         return cudaSuccess;
-    if (!cllm_cuda_attention_supported(n_head, n_kv, head_dim) || b->max_len < 1)
+    if (!cllm_cuda_attention_supported(n_head, n_kv, head_dim, simt) || b->max_len < 1)
         return cudaErrorInvalidValue;
     int32_t splits = (b->max_len + SPLIT_MIN - 1) / SPLIT_MIN;
     splits = splits < MAX_SPLITS ? splits : MAX_SPLITS;
     float *part_acc = (float *)scratch;
     float *part_ml = part_acc + (size_t)b->n_tokens * n_head * MAX_SPLITS * head_dim;
     dim3 grid((unsigned)b->n_tokens, (unsigned)n_kv, (unsigned)splits);
-    unsigned threads = 32u * (unsigned)(n_head / n_kv);
-    if (head_dim == 64)
-        cllm_launch(attention_kernel<2>, grid, threads, 0, stream, *b, q, ldq, k_cache, v_cache,
-                    n_head, n_kv, scale, out, part_acc, part_ml);
-    else
-        cllm_launch(attention_kernel<4>, grid, threads, 0, stream, *b, q, ldq, k_cache, v_cache,
-                    n_head, n_kv, scale, out, part_acc, part_ml);
-    cudaError_t e = cudaGetLastError();
+    cudaError_t e = cudaSuccess;
+    if (simt) {
+        unsigned threads = 32u * (unsigned)(n_head / n_kv);
+        if (head_dim == 64)
+            e = cllm_launch(attention_simt<2>, grid, threads, 0, stream, *b, q, ldq, k_cache,
+                            v_cache, n_head, n_kv, scale, out, part_acc, part_ml);
+        else
+            e = cllm_launch(attention_simt<4>, grid, threads, 0, stream, *b, q, ldq, k_cache,
+                            v_cache, n_head, n_kv, scale, out, part_acc, part_ml);
+    } else {
+#ifdef CLLM_HAVE_MMA
+        const float scale_log2 = scale * 1.44269504088896341f; /* exp(x) = exp2(x log2 e) */
+        if (head_dim == 64)
+            e = cllm_launch(attention_mma<64>, grid, MMA_WARPS * 32, 0, stream, *b, q, ldq, k_cache,
+                            v_cache, n_head, n_kv, scale_log2, out, part_acc, part_ml);
+        else
+            e = cllm_launch(attention_mma<128>, grid, MMA_WARPS * 32, 0, stream, *b, q, ldq,
+                            k_cache, v_cache, n_head, n_kv, scale_log2, out, part_acc, part_ml);
+#endif
+    }
+    if (e == cudaSuccess)
+        e = cudaGetLastError();
     if (e != cudaSuccess || splits == 1)
         return e;
-    return cllm_launch(combine_kernel, dim3((unsigned)b->n_tokens, (unsigned)n_head),
-                       (unsigned)head_dim, 0, stream, *b, n_head, head_dim, part_acc, part_ml, out);
+    dim3 heads((unsigned)b->n_tokens, (unsigned)n_head);
+    if (simt)
+        return cllm_launch(combine_kernel<false>, heads, (unsigned)head_dim, 0, stream, *b, n_head,
+                           head_dim, part_acc, part_ml, out);
+    return cllm_launch(combine_kernel<true>, heads, (unsigned)head_dim, 0, stream, *b, n_head,
+                       head_dim, part_acc, part_ml, out);
 }

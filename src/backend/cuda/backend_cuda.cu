@@ -55,8 +55,9 @@ struct cuda {
     struct cllm_blas blas_api; /* loaded at run time (blas.h); blas_api.lib NULL: none */
     cublasHandle_t blas;       /* NULL without the library */
     void *blas_workspace;
-    bool cublas_only;   /* CLLM_CUBLAS=1: every GEMM through cuBLAS (not batch-invariant) */
-    void *gemm_scratch; /* slices of the tiled GEMM run in parallel through this (gemm.h) */
+    bool cublas_only;    /* CLLM_CUBLAS=1: every GEMM through cuBLAS (not batch-invariant) */
+    bool attention_simt; /* CLLM_ATTN_SIMT=1: the CUDA-core attention kernel (comparison) */
+    void *gemm_scratch;  /* slices of the tiled GEMM run in parallel through this (gemm.h) */
     size_t gemm_scratch_size;
     void *staging; /* pinned, STAGING_BYTES */
     /* device sampling */
@@ -428,12 +429,14 @@ static enum cllm_status cu_attention(struct cllm_backend *be, const struct cllm_
                                      int32_t head_dim, float scale, void *scratch, void *out)
 {
     struct cuda *c = cuda_of(be);
-    if (!cllm_cuda_attention_supported(n_head, n_kv, head_dim) || ldq < n_head * head_dim)
+    if (!cllm_cuda_attention_supported(n_head, n_kv, head_dim, c->attention_simt) ||
+        ldq < n_head * head_dim)
         return CLLM_ERR_INVALID_ARG;
     struct cllm_cuda_batch d = batch_of(b);
     return check_cuda(cllm_cuda_attention(&d, q, ldq, (const __nv_bfloat16 *)k_cache,
                                           (const __nv_bfloat16 *)v_cache, n_head, n_kv, head_dim,
-                                          scale, scratch, (__nv_bfloat16 *)out, c->stream),
+                                          scale, c->attention_simt, scratch, (__nv_bfloat16 *)out,
+                                          c->stream),
                       "attention");
 }
 
@@ -626,8 +629,17 @@ static const struct cllm_backend_iface cuda_iface = {
     /* .sync = */ cu_sync,
 };
 
-extern "C" enum cllm_status cllm_backend_cuda_new(struct cllm_backend **out, int32_t device,
-                                                  char *err, size_t err_len)
+extern "C" /* A switch for comparisons (CLLM_CUBLAS, CLLM_ATTN_SIMT, CLLM_NO_PDL): on when set to
+              "1". */
+    static bool
+    env_is_one(const char *name)
+{
+    const char *v = getenv(name);
+    return v && strcmp(v, "1") == 0;
+}
+
+enum cllm_status cllm_backend_cuda_new(struct cllm_backend **out, int32_t device, char *err,
+                                       size_t err_len)
 {
     *out = NULL;
     int count = 0;
@@ -677,23 +689,25 @@ extern "C" enum cllm_status cllm_backend_cuda_new(struct cllm_backend **out, int
     } else {
         cllm_log(CLLM_LOG_INFO, "cuda: no cuBLAS (%s): our GEMM only", blas_err);
     }
-    const char *cublas_env = getenv("CLLM_CUBLAS");
-    c->cublas_only = cublas_env && strcmp(cublas_env, "1") == 0;
+    c->cublas_only = env_is_one("CLLM_CUBLAS");
     if (c->cublas_only && !c->blas) {
         cllm_log(CLLM_LOG_WARN, "cuda: CLLM_CUBLAS=1 ignored: cuBLAS could not be loaded");
         c->cublas_only = false;
     }
+    c->attention_simt = env_is_one("CLLM_ATTN_SIMT");
+#ifndef CLLM_HAVE_MMA
+    c->attention_simt = true;
+#endif
     struct cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
-        const char *no_pdl = getenv("CLLM_NO_PDL");
-        cllm_cuda_pdl = prop.major >= 9 && !(no_pdl && strcmp(no_pdl, "1") == 0);
+        cllm_cuda_pdl = prop.major >= 9 && !env_is_one("CLLM_NO_PDL");
         cllm_log(CLLM_LOG_INFO,
-                 "cuda: device %d: %s, %d SMs, %.1f GiB, compute %d.%d, GEMM: %s, programmatic "
-                 "dependent launch: %s",
+                 "cuda: device %d: %s, %d SMs, %.1f GiB, compute %d.%d, GEMM: %s, attention: %s, "
+                 "programmatic dependent launch: %s",
                  (int)device, prop.name, prop.multiProcessorCount,
                  (double)prop.totalGlobalMem / (1 << 30), prop.major, prop.minor,
                  c->cublas_only ? "cuBLAS (CLLM_CUBLAS=1, not batch-invariant)" : "batch-invariant",
-                 cllm_cuda_pdl ? "on" : "off");
+                 c->attention_simt ? "CUDA cores" : "tensor cores", cllm_cuda_pdl ? "on" : "off");
     }
     *out = &c->be;
     return CLLM_OK;

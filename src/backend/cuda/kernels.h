@@ -60,12 +60,14 @@ cudaError_t cllm_cuda_gather_rows(const float *x, const int32_t *idx, int32_t n_
 /* Scratch bytes cllm_cuda_attention needs for n_tokens tokens. */
 size_t cllm_cuda_attention_scratch(int32_t n_tokens, int32_t n_head, int32_t head_dim);
 
-/* Is (n_head, n_kv, head_dim) a shape the attention kernel handles? */
-int cllm_cuda_attention_supported(int32_t n_head, int32_t n_kv, int32_t head_dim);
+/* Is (n_head, n_kv, head_dim) a shape the attention kernel handles (simt: attention_simt)? */
+int cllm_cuda_attention_supported(int32_t n_head, int32_t n_kv, int32_t head_dim, bool simt);
 
+/* Causal paged attention (attention.cu's formula). simt picks the CUDA-core kernel instead of
+ * the tensor-core one (forced where there is no MMA): different rounding, so one per process. */
 cudaError_t cllm_cuda_attention(const struct cllm_cuda_batch *b, const float *q, int32_t ldq,
                                 const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache,
                                 int32_t n_head, int32_t n_kv, int32_t head_dim, float scale,
-                                void *scratch, __nv_bfloat16 *out, cudaStream_t stream);
+                                bool simt, void *scratch, __nv_bfloat16 *out, cudaStream_t stream);
 
 #endif

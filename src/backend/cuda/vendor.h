@@ -131,6 +131,24 @@ static __device__ __forceinline__ void cllm_mma_bf16_16816(float d[4], const uns
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+/* Asynchronous 16-byte copy from global to shared memory (cp.async, sm_80 and later): it does
+ * not pass through registers, so a kernel can fetch its next tile while it computes on the
+ * current one. Copies issued since the last commit form a group; wait<N> returns once at most
+ * N groups are still in flight (then a __syncthreads makes them visible to the block). */
+static __device__ __forceinline__ void cllm_cp_async16(void *smem, const void *gmem)
+{
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+static __device__ __forceinline__ void cllm_cp_async_commit(void)
+{
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N> static __device__ __forceinline__ void cllm_cp_async_wait(void)
+{
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 /* Programmatic dependent launch (sm_90 and later): a kernel launched with cllm_launch may be
  * scheduled while the one before it in the stream still runs, which hides the launch gap
  * between the ~250 small kernels of a decode step. Every such kernel must call

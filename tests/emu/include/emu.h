@@ -61,6 +61,11 @@ extern emu_uint3 emu_blockIdx, emu_blockDim, emu_gridDim;
 void emu_syncthreads_at(void *site);
 void emu_warp_exchange(uint64_t v, uint64_t *all, void *site); /* all[32] gets every lane's v */
 void *emu_dyn_smem(void);
+/* cp.async for the calling thread: copies queue up, commit closes a group, wait(n) performs
+ * all but the newest n groups. */
+void emu_cp_async(void *dst, const void *src, size_t n);
+void emu_cp_commit(void);
+void emu_cp_wait(int n);
 struct dim3 {
     unsigned x, y, z;
     dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}

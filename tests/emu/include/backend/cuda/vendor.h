@@ -47,6 +47,12 @@ static inline void cllm_mma_bf16_16816(float d[4], const unsigned a[4], const un
     }
 }
 
+/* cp.async: the copy is held back until the issuing thread's wait retires its group, so a
+ * kernel that reads the tile before cllm_cp_async_wait + __syncthreads sees stale bytes. */
+static inline void cllm_cp_async16(void *smem, const void *gmem) { emu_cp_async(smem, gmem, 16); }
+static inline void cllm_cp_async_commit(void) { emu_cp_commit(); }
+template <int N> static inline void cllm_cp_async_wait(void) { emu_cp_wait(N); }
+
 /* Launches run one after the other here: no programmatic dependent launch to emulate. */
 static inline void cllm_pdl_wait(void) {}
 template <class... KArgs, class... Args>
