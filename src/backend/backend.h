@@ -127,7 +127,8 @@ struct cllm_backend_iface {
     /* Causal attention of each token over its sequence's positions 0..pos (paged cache).
      * q rows [n][ldq] F32 hold [n_head][hd] -> out [n][n_head][hd] act_dtype; grouped-query:
      * head h reads kv head h / (n_head / n_kv). scale multiplies q.k. scratch holds
-     * attention_scratch(n, n_head, hd) bytes (device). */
+     * attention_scratch(n, n_head, hd) bytes (device), zero-filled (memzero) before its first
+     * use; the op leaves it fit for the next call. */
     enum cllm_status (*attention)(struct cllm_backend *be, const struct cllm_attn_batch *b,
                                   const float *q, int32_t ldq, const void *k_cache,
                                   const void *v_cache, int32_t n_head, int32_t n_kv,

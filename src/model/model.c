@@ -214,7 +214,8 @@ enum cllm_status cllm_model_init(struct cllm_model **out, const struct cllm_mode
         goto fail;
     }
     size_t scratch = be->iface->attention_scratch(be, max_tokens, hp->n_head, hp->head_dim);
-    if (scratch && (st = be->iface->alloc(be, scratch, &m->attn_scratch))) {
+    if (scratch && ((st = be->iface->alloc(be, scratch, &m->attn_scratch)) ||
+                    (st = be->iface->memzero(be, m->attn_scratch, scratch)))) {
         cllm_fail(err, err_len, st, "cannot allocate activations for %d tokens", (int)max_tokens);
         goto fail;
     }

@@ -142,7 +142,7 @@ static void check_regrouped(const char *kernel, const struct cllm_cuda_batch &al
             }
             struct cllm_cuda_batch b = all;
             b.n_tokens = len, b.pos = pos.data(), b.seq = seq.data(), b.slot = slot.data();
-            std::vector<unsigned char> scratch(cllm_cuda_attention_scratch(len, n_head, hd), 0xff);
+            std::vector<unsigned char> scratch(cllm_cuda_attention_scratch(len, n_head, hd), 0);
             std::vector<__nv_bfloat16> o((size_t)len * Q);
             memset(o.data(), 0xff, o.size() * 2);
             CHECK(cllm_cuda_attention(&b, qs.data(), Q, kg, vg, n_head, n_kv, hd, 1.0f / sqrtf((float)hd), simt, scratch.data(), o.data(), 0) == cudaSuccess);
@@ -247,7 +247,7 @@ static void test_attention(int32_t n_head, int32_t n_kv, int32_t hd, const int32
 
     /* attention reads the emulated GPU's own cache; the reference read bf16(CPU cache) */
     size_t scratch_bytes = cllm_cuda_attention_scratch(n, n_head, hd);
-    std::vector<unsigned char> scratch(scratch_bytes, 0xff);
+    std::vector<unsigned char> scratch(scratch_bytes, 0); /* zero-filled, as backend.h asks */
     std::vector<__nv_bfloat16> att((size_t)n * Q);
     memset(att.data(), 0xff, att.size() * 2);
     bg.n_tokens = n;
@@ -257,6 +257,11 @@ static void test_attention(int32_t n_head, int32_t n_kv, int32_t hd, const int32
     char what[96];
     snprintf(what, sizeof what, "%s attention %d/%d heads, hd %d, longest %d", kernel, n_head, n_kv, hd, max_len);
     test_check_close(what, att_g.data(), att_c.data(), (int64_t)n * Q, 1.0 / 64, attention_abs_tol(vc_r, simt));
+    /* The same step again with the same scratch: the op left it fit for reuse. */
+    std::vector<__nv_bfloat16> again(att.size());
+    memset(again.data(), 0xff, again.size() * 2);
+    CHECK(cllm_cuda_attention(&bg, qkv_g.data(), ld, kg.data(), vg.data(), n_head, n_kv, hd, 1.0f / sqrtf((float)hd), simt, scratch.data(), again.data(), 0) == cudaSuccess);
+    CHECKF(memcmp(again.data(), att.data(), att.size() * 2) == 0, "%s: a second run with the same scratch differs", what);
     double maxrel = 0;
     for (size_t i = 0; i < att_g.size(); i++) { double d = fabs(att_g[i] - att_c[i]) / (fabs(att_c[i]) + 2e-3 * 64); if (d > maxrel) maxrel = d; }
     printf("  attention: max |d|/(|want|+0.128) = %.3g\n", maxrel);
@@ -267,7 +272,7 @@ static void test_attention(int32_t n_head, int32_t n_kv, int32_t hd, const int32
         struct cllm_cuda_batch one = {1, &pos[t_last], &seq[t_last], &slot[t_last], table.data(), max_blocks, BS, lens[s]};
         std::vector<__nv_bfloat16> o(Q);
         memset(o.data(), 0xff, o.size() * 2);
-        std::vector<unsigned char> sc1(cllm_cuda_attention_scratch(1, n_head, hd), 0xff);
+        std::vector<unsigned char> sc1(cllm_cuda_attention_scratch(1, n_head, hd), 0);
         CHECK(cllm_cuda_attention(&one, &qkv_g[(size_t)t_last * ld], ld, kg.data(), vg.data(), n_head, n_kv, hd, 1.0f / sqrtf((float)hd), simt, sc1.data(), o.data(), 0) == cudaSuccess);
         CHECKF(memcmp(o.data(), &att[(size_t)t_last * Q], (size_t)Q * 2) == 0, "sequence %d (%d tokens): alone != batched", s, lens[s]);
     }
@@ -315,7 +320,7 @@ static void test_decode(int32_t n_head, int32_t n_kv, int32_t hd, int32_t L, boo
         for (float &x : q_ref) x = rbf(x);
     cllm_ref_attention(&bc, q_ref.data(), kf.data(), vf.data(), n_head, n_kv, hd, 1.0f / sqrtf((float)hd), att_c.data());
     struct cllm_cuda_batch bg = {n, ppos.data(), pseq.data(), pslot.data(), table.data(), max_blocks, BS, L};
-    std::vector<unsigned char> scratch(cllm_cuda_attention_scratch(n, n_head, hd), 0xff);
+    std::vector<unsigned char> scratch(cllm_cuda_attention_scratch(n, n_head, hd), 0);
     std::vector<__nv_bfloat16> att((size_t)n * Q);
     memset(att.data(), 0xff, att.size() * 2);
     CHECK(cllm_cuda_attention(&bg, q.data(), Q, kg.data(), vg.data(), n_head, n_kv, hd, 1.0f / sqrtf((float)hd), simt, scratch.data(), att.data(), 0) == cudaSuccess);

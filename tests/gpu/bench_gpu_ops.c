@@ -401,7 +401,9 @@ static void bench_attention(void)
         void *v = dev_random(slots * N_KV * HD, G->kv_dtype, 1.0f);
         void *out =
             dev_alloc((size_t)b.n_tokens * N_HEAD * HD * cllm_backend_elem_size(G->act_dtype));
-        void *scratch = dev_alloc(G->attention_scratch(gpu, b.n_tokens, N_HEAD, HD) + 1);
+        size_t scratch_bytes = G->attention_scratch(gpu, b.n_tokens, N_HEAD, HD) + 1;
+        void *scratch = dev_alloc(scratch_bytes);
+        CHECK(G->memzero(gpu, scratch, scratch_bytes) == CLLM_OK);
         struct op o = {.name = cases[i].name, .issue = issue_attention, .n = b.n_tokens};
         o.batch = b, o.x = q, o.k = k, o.v = v, o.y = out, o.scratch = scratch;
         /* bytes: each sequence's K and V once (the floor); FLOPs: Q K^T and P V over the

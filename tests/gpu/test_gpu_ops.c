@@ -416,6 +416,7 @@ static void test_attention(int32_t n_head, int32_t n_kv, int32_t hd, const int32
     size_t scratch_bytes = G->attention_scratch(gpu, n, n_head, hd);
     void *scratch = NULL, *att_d = dev_poisoned((size_t)n * Q * 2);
     CHECK(G->alloc(gpu, scratch_bytes, &scratch) == CLLM_OK);
+    CHECK(G->memzero(gpu, scratch, scratch_bytes) == CLLM_OK); /* as backend.h asks */
     bg.n_tokens = n;
     CHECK(G->attention(gpu, &bg, qkv_d, ld, kc_d, vc_d, n_head, n_kv, hd, 1.0f / sqrtf((float)hd),
                        scratch, att_d) == CLLM_OK);

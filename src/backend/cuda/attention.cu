@@ -45,6 +45,12 @@ static __host__ __device__ int32_t split_len_for(int32_t len)
     return per < SPLIT_MIN ? SPLIT_MIN : per;
 }
 
+static __host__ __device__ int32_t n_splits_for(int32_t len)
+{
+    const int32_t sl = split_len_for(len);
+    return (len + sl - 1) / sl;
+}
+
 static __device__ float warp_max(float v)
 {
     for (int o = 16; o > 0; o >>= 1)
@@ -78,7 +84,7 @@ static __global__ void __launch_bounds__(32 * MAX_GROUP)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int32_t group = n_head / n_kv, h = kvh * group + warp;
     const int32_t len = b.pos[t] + 1, split_len = split_len_for(len);
-    const int32_t n_splits = (len + split_len - 1) / split_len;
+    const int32_t n_splits = n_splits_for(len);
     if (split >= n_splits)
         return; /* the whole block: no barrier has been reached yet */
     const int32_t start = split * split_len;
@@ -164,6 +170,43 @@ static __global__ void __launch_bounds__(32 * MAX_GROUP)
     }
 }
 
+/* Dimension d of row th (token x head) merged from its n_splits partial results, in split
+ * order. BASE2: the maxima are in log2 units (attention_mma). The one formula both the
+ * combine kernel and attention_mma's last block use. */
+template <bool BASE2>
+static __device__ __forceinline__ __nv_bfloat16 combine_one(const float *part_acc,
+                                                            const float *part_ml, int64_t th,
+                                                            int32_t n_splits, int32_t hd, int32_t d)
+{
+    const float *ml = part_ml + th * MAX_SPLITS * 2;
+    float mx = -INFINITY;
+    for (int32_t s = 0; s < n_splits; s++)
+        mx = fmaxf(mx, __ldcg(&ml[2 * s]));
+    float num = 0.0f, den = 0.0f;
+    for (int32_t s = 0; s < n_splits; s++) {
+        const float m = __ldcg(&ml[2 * s]), w = BASE2 ? exp2f(m - mx) : expf(m - mx);
+        num = fmaf(w, __ldcg(&part_acc[(th * MAX_SPLITS + s) * hd + d]), num);
+        den = fmaf(w, __ldcg(&ml[2 * s + 1]), den);
+    }
+    return __float2bfloat16_rn(num / den);
+}
+
+/* One block per (token, head), one thread per dimension: merges the token's splits in order
+ * (after attention_simt; attention_mma merges in its last block instead). */
+static __global__ void combine_kernel(struct cllm_cuda_batch b, int32_t n_head, int32_t hd,
+                                      const float *part_acc, const float *part_ml,
+                                      __nv_bfloat16 *out)
+{
+    cllm_pdl_wait();
+    const int32_t t = blockIdx.x, h = blockIdx.y;
+    const int32_t n_splits = n_splits_for(b.pos[t] + 1);
+    if (n_splits == 1)
+        return; /* written by the attention kernel */
+    const int64_t th = (int64_t)t * n_head + h;
+    for (int32_t d = threadIdx.x; d < hd; d += blockDim.x)
+        out[th * hd + d] = combine_one<false>(part_acc, part_ml, th, n_splits, hd, d);
+}
+
 #ifdef CLLM_HAVE_MMA
 
 /* Does token t start a query tile? Tiles are runs of consecutive tokens of one sequence at
@@ -220,7 +263,7 @@ static __global__ void __launch_bounds__(MMA_WARPS * 32)
     attention_mma(struct cllm_cuda_batch b, const float *q, int32_t ldq,
                   const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache, int32_t n_head,
                   int32_t n_kv, float scale_log2, __nv_bfloat16 *out, float *part_acc,
-                  float *part_ml)
+                  float *part_ml, int32_t *done)
 {
     cllm_pdl_wait();
     constexpr int KC = HD / 16;  /* MMA k-steps of Q K^T */
@@ -244,17 +287,20 @@ static __global__ void __launch_bounds__(MMA_WARPS * 32)
     const unsigned end1 = __ballot_sync(0xffffffffu, c1 >= tile_tokens || t0 + c1 >= b.n_tokens ||
                                                          leads_tile(b, t0 + c1, tile_tokens));
     const int32_t count = end0 ? __ffs(end0) : 32 + __ffs(end1);
-    /* Keys the block loads: the union of its rows' ranges (each row masks the rest). */
-    int32_t lo = 0x7fffffff, hi = 0;
+    /* Keys the block loads: the union of its rows' ranges (each row masks the rest); and
+     * the most splits a row of the tile has (blocks split < that one have keys to read). */
+    int32_t lo = 0x7fffffff, hi = 0, tile_splits = 1;
     for (int32_t i = lane; i < count; i += 32) {
         int32_t rlo, rhi;
         split_range(b.pos[t0 + i], split, &rlo, &rhi);
         if (rlo < rhi)
             lo = min(lo, rlo), hi = max(hi, rhi);
+        tile_splits = max(tile_splits, n_splits_for(b.pos[t0 + i] + 1));
     }
     for (int o = 16; o > 0; o >>= 1) {
         lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
         hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+        tile_splits = max(tile_splits, __shfl_xor_sync(0xffffffffu, tile_splits, o));
     }
     if (lo >= hi)
         return; /* no row has keys in this split; no barrier has been reached yet */
@@ -403,9 +449,8 @@ static __global__ void __launch_bounds__(MMA_WARPS * 32)
         const struct mma_row &rw = row[i];
         if (rw.t < 0 || rw.lo >= rw.hi)
             continue;
-        const int32_t len = b.pos[rw.t] + 1;
         const int64_t th = (int64_t)rw.t * n_head + rw.h;
-        if (split_len_for(len) >= len) { /* the row's only split: the answer itself */
+        if (n_splits_for(b.pos[rw.t] + 1) == 1) { /* the row's only split: the answer itself */
             const float inv = 1.0f / rw.l;
 #pragma unroll
             for (int n = 0; n < ND; n++) {
@@ -425,42 +470,44 @@ static __global__ void __launch_bounds__(MMA_WARPS * 32)
             part_ml[(th * MAX_SPLITS + split) * 2 + 1] = rw.l;
         }
     }
+    if (tile_splits == 1)
+        return;
+
+    /* The last of the tile's tile_splits blocks to finish merges the split rows, in split
+     * order (combine_one: the same bits whichever block it is), which saves the combine
+     * kernel's launch. The count is reset for the next launch by that block. */
+    __shared__ bool last;
+    __threadfence(); /* this block's partials are visible before it is counted */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int32_t *counter = done + (int64_t)t0 * n_kv + kvh;
+        last = atomicAdd(counter, 1) == tile_splits - 1;
+        if (last)
+            *counter = 0;
+    }
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    for (int32_t r = 0; r < count * group; r++) {
+        const int32_t t = t0 + r / group, n_splits = n_splits_for(b.pos[t] + 1);
+        if (n_splits == 1)
+            continue;
+        const int64_t th = (int64_t)t * n_head + kvh * group + r % group;
+        for (int32_t d = threadIdx.x; d < HD; d += MMA_WARPS * 32)
+            out[th * HD + d] = combine_one<true>(part_acc, part_ml, th, n_splits, HD, d);
+    }
 }
 
 #endif /* CLLM_HAVE_MMA */
 
-/* One block per (token, head), one thread per dimension: merges the token's splits in order.
- * BASE2: the kernel kept its maxima in log2 units (attention_mma). */
-template <bool BASE2>
-static __global__ void combine_kernel(struct cllm_cuda_batch b, int32_t n_head, int32_t hd,
-                                      const float *part_acc, const float *part_ml,
-                                      __nv_bfloat16 *out)
-{
-    cllm_pdl_wait();
-    const int32_t t = blockIdx.x, h = blockIdx.y;
-    const int32_t len = b.pos[t] + 1, split_len = split_len_for(len);
-    const int32_t n_splits = (len + split_len - 1) / split_len;
-    if (n_splits == 1)
-        return; /* written by the attention kernel */
-    int64_t th = (int64_t)t * n_head + h;
-    const float *ml = part_ml + th * MAX_SPLITS * 2;
-    float mx = -INFINITY;
-    for (int32_t s = 0; s < n_splits; s++)
-        mx = fmaxf(mx, ml[2 * s]);
-    for (int32_t d = threadIdx.x; d < hd; d += blockDim.x) {
-        float num = 0.0f, den = 0.0f;
-        for (int32_t s = 0; s < n_splits; s++) {
-            float w = BASE2 ? exp2f(ml[2 * s] - mx) : expf(ml[2 * s] - mx);
-            num = fmaf(w, part_acc[(th * MAX_SPLITS + s) * hd + d], num);
-            den = fmaf(w, ml[2 * s + 1], den);
-        }
-        out[th * hd + d] = __float2bfloat16_rn(num / den);
-    }
-}
-
+/* Scratch: partial results [n_tokens][n_head][MAX_SPLITS][head_dim], their (max, sum)
+ * [n_tokens][n_head][MAX_SPLITS][2], then attention_mma's counts of finished split blocks
+ * [n_tokens][n_kv <= n_head], which must be zero before the first launch and are left zero. */
 size_t cllm_cuda_attention_scratch(int32_t n_tokens, int32_t n_head, int32_t head_dim)
 {
-    return (size_t)n_tokens * (size_t)n_head * MAX_SPLITS * ((size_t)head_dim + 2) * sizeof(float);
+    return (size_t)n_tokens * (size_t)n_head *
+           (MAX_SPLITS * ((size_t)head_dim + 2) * sizeof(float) + sizeof(int32_t));
 }
 
 int cllm_cuda_attention_supported(int32_t n_head, int32_t n_kv, int32_t head_dim, bool simt)
@@ -488,6 +535,7 @@ cudaError_t cllm_cuda_attention(const struct cllm_cuda_batch *b, const float *q,
     splits = splits < MAX_SPLITS ? splits : MAX_SPLITS;
     float *part_acc = (float *)scratch;
     float *part_ml = part_acc + (size_t)b->n_tokens * n_head * MAX_SPLITS * head_dim;
+    int32_t *done = (int32_t *)(part_ml + (size_t)b->n_tokens * n_head * MAX_SPLITS * 2);
     dim3 grid((unsigned)b->n_tokens, (unsigned)n_kv, (unsigned)splits);
     cudaError_t e = cudaSuccess;
     if (simt) {
@@ -503,20 +551,17 @@ cudaError_t cllm_cuda_attention(const struct cllm_cuda_batch *b, const float *q,
         const float scale_log2 = scale * 1.44269504088896341f; /* exp(x) = exp2(x log2 e) */
         if (head_dim == 64)
             e = cllm_launch(attention_mma<64>, grid, MMA_WARPS * 32, 0, stream, *b, q, ldq, k_cache,
-                            v_cache, n_head, n_kv, scale_log2, out, part_acc, part_ml);
+                            v_cache, n_head, n_kv, scale_log2, out, part_acc, part_ml, done);
         else
             e = cllm_launch(attention_mma<128>, grid, MMA_WARPS * 32, 0, stream, *b, q, ldq,
-                            k_cache, v_cache, n_head, n_kv, scale_log2, out, part_acc, part_ml);
+                            k_cache, v_cache, n_head, n_kv, scale_log2, out, part_acc, part_ml,
+                            done);
 #endif
     }
     if (e == cudaSuccess)
         e = cudaGetLastError();
-    if (e != cudaSuccess || splits == 1)
-        return e;
-    dim3 heads((unsigned)b->n_tokens, (unsigned)n_head);
-    if (simt)
-        return cllm_launch(combine_kernel<false>, heads, (unsigned)head_dim, 0, stream, *b, n_head,
-                           head_dim, part_acc, part_ml, out);
-    return cllm_launch(combine_kernel<true>, heads, (unsigned)head_dim, 0, stream, *b, n_head,
-                       head_dim, part_acc, part_ml, out);
+    if (e != cudaSuccess || splits == 1 || !simt)
+        return e; /* attention_mma merges its splits itself */
+    return cllm_launch(combine_kernel, dim3((unsigned)b->n_tokens, (unsigned)n_head),
+                       (unsigned)head_dim, 0, stream, *b, n_head, head_dim, part_acc, part_ml, out);
 }

@@ -145,6 +145,9 @@ static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); re
 static inline unsigned long long __double2ull_rn(double d) { return (unsigned long long)nearbyint(d); }
 
 template <class T> static inline T __ldg(const T *p) { return *p; }
+template <class T> static inline T __ldcg(const T *p) { return *p; }
+/* Blocks run one after the other: every write is already visible to the next one. */
+static inline void __threadfence(void) {}
 
 using std::isfinite;
 using std::isnan;
