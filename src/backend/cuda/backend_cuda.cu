@@ -629,17 +629,15 @@ static const struct cllm_backend_iface cuda_iface = {
     /* .sync = */ cu_sync,
 };
 
-extern "C" /* A switch for comparisons (CLLM_CUBLAS, CLLM_ATTN_SIMT, CLLM_NO_PDL): on when set to
-              "1". */
-    static bool
-    env_is_one(const char *name)
+/* A switch for comparisons (CLLM_CUBLAS, CLLM_ATTN_SIMT, CLLM_NO_PDL): on when set to "1". */
+static bool env_is_one(const char *name)
 {
     const char *v = getenv(name);
     return v && strcmp(v, "1") == 0;
 }
 
-enum cllm_status cllm_backend_cuda_new(struct cllm_backend **out, int32_t device, char *err,
-                                       size_t err_len)
+extern "C" enum cllm_status cllm_backend_cuda_new(struct cllm_backend **out, int32_t device,
+                                                  char *err, size_t err_len)
 {
     *out = NULL;
     int count = 0;
