@@ -470,6 +470,31 @@ static enum cllm_status down_projection(struct cllm_model *m, const struct layer
     return be->matmul(m->be, &L->w_down, NULL, m->ff, n, m->ffo, E);
 }
 
+static enum cllm_status project(struct cllm_model *m, const struct proj *p, const void *x,
+                                int32_t n, float *y, int32_t ldy);
+
+/* q, k, v of the step's tokens: projected, biased, rotated, K and V stored in the layer's
+ * cache -- in one op where the backend fuses them. */
+static enum cllm_status qkv_projection(struct cllm_model *m, const struct layer *L,
+                                       const struct cllm_attn_batch *ab,
+                                       const struct cllm_rope *rope, void *k_cache, void *v_cache)
+{
+    const struct cllm_backend_iface *be = m->be->iface;
+    const struct cllm_hparams *hp = &m->hp;
+    int32_t QKV = (hp->n_head + 2 * hp->n_head_kv) * hp->head_dim;
+    const struct cllm_weight *bias = L->b_qkv.host ? &L->b_qkv : NULL;
+    enum cllm_status st = CLLM_ERR_UNSUPPORTED;
+    if (be->matmul_rope_store && L->qkv.stacked.host)
+        st = be->matmul_rope_store(m->be, &L->qkv.stacked, m->xn, rope, ab, m->qkv, QKV, bias,
+                                   hp->n_head, hp->n_head_kv, k_cache, v_cache);
+    if (st != CLLM_ERR_UNSUPPORTED)
+        return st;
+    if ((st = project(m, &L->qkv, m->xn, ab->n_tokens, m->qkv, QKV)))
+        return st;
+    return be->qkv_rope_store(m->be, rope, ab, m->qkv, QKV, bias, hp->n_head, hp->n_head_kv,
+                              k_cache, v_cache);
+}
+
 /* y[t] = the projection of x[t], into consecutive column ranges of y (row stride ldy). */
 static enum cllm_status project(struct cllm_model *m, const struct proj *p, const void *x,
                                 int32_t n, float *y, int32_t ldy)
@@ -512,9 +537,7 @@ static enum cllm_status issue_ops(struct cllm_model *m, struct cllm_kv_cache *kv
             TRY(be->rmsnorm(b, m->x, &L->attn_norm, hp->rms_eps, n, E, m->xn));
         else /* the previous layer's MLP residual, fused into this norm */
             TRY(be->add_rmsnorm(b, m->x, m->ffo, &L->attn_norm, hp->rms_eps, n, E, m->xn));
-        TRY(project(m, &L->qkv, m->xn, n, m->qkv, QKV));
-        TRY(be->qkv_rope_store(b, &rope, ab, m->qkv, QKV, L->b_qkv.host ? &L->b_qkv : NULL,
-                               hp->n_head, hp->n_head_kv, kv->k[l], kv->v[l]));
+        TRY(qkv_projection(m, L, ab, &rope, kv->k[l], kv->v[l]));
         TRY(be->attention(b, ab, m->qkv, QKV, kv->k[l], kv->v[l], hp->n_head, hp->n_head_kv, hd,
                           scale, m->attn_scratch, m->attn));
         TRY(be->matmul(b, &L->wo, NULL, m->attn, n, m->ffo, E));

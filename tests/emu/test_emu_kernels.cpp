@@ -413,6 +413,47 @@ static void test_gemm_silu(int32_t N, int32_t K)
     }
 }
 
+/* The QKV projection with bias, RoPE and the KV store in its epilogue equals the GEMM and then
+ * the RoPE kernel, bit for bit: q and k rotated in y, v as projected, both caches; a padding
+ * row (slot -1) writes no cache. Steps the skinny kernel does not take are refused. */
+static void test_gemm_rope_store(int32_t n_head, int32_t n_kv, int32_t hd, int32_t K, bool with_bias)
+{
+    printf("gemm_rope_store %d/%d heads hd %d K=%d bias=%d\n", n_head, n_kv, hd, K, with_bias);
+    const int32_t N = (n_head + 2 * n_kv) * hd, KV = n_kv * hd, n_max = 33, n_slots = 64;
+    std::vector<float> wf = randv((int64_t)N * K, 1.0f), xf = randv((int64_t)n_max * K, 1.0f), bias = randv(N, 0.5f);
+    std::vector<__nv_bfloat16> w(wf.size()), x(xf.size());
+    for (size_t i = 0; i < w.size(); i++) w[i].__x = cllm_f32_to_bf16(wf[i]);
+    for (size_t i = 0; i < x.size(); i++) x[i].__x = cllm_f32_to_bf16(xf[i]);
+    std::vector<int32_t> pos(n_max), slot(n_max), seq(n_max, 0);
+    for (int32_t t = 0; t < n_max; t++) pos[t] = 7 * t + 3, slot[t] = (t * 5 + 1) % n_slots;
+    slot[2] = -1; /* a padding row */
+    struct cllm_cuda_rope_store r;
+    for (int32_t i = 0; i < hd / 2; i++) r.freqs.inv_freq[i] = 1.0f / powf(1000000.0f, (float)(2 * i) / (float)hd);
+    r.pos = pos.data(), r.slot = slot.data(), r.bias = with_bias ? bias.data() : NULL;
+    r.n_head = n_head, r.n_kv = n_kv, r.head_dim = hd;
+    const int32_t sizes[] = {1, 3, 9, 17, 32};
+    for (int32_t n : sizes) {
+        const int32_t ld = N + 5;
+        std::vector<float> y_ref((size_t)n * ld, -3.0f), y((size_t)n * ld, -3.0f);
+        std::vector<__nv_bfloat16> k_ref((size_t)n_slots * KV), v_ref(k_ref.size()), k(k_ref.size()), v(k_ref.size());
+        for (size_t i = 0; i < k.size(); i++) k_ref[i].__x = v_ref[i].__x = k[i].__x = v[i].__x = 0x3f3f;
+        struct cllm_cuda_batch b = {n, pos.data(), seq.data(), slot.data(), NULL, 0, 16, 0};
+        CHECK(cllm_cuda_gemm(w.data(), NULL, N, K, x.data(), n, y_ref.data(), ld, NULL, 0, 0) == cudaSuccess);
+        CHECK(cllm_cuda_qkv_rope_store(&b, &r.freqs, y_ref.data(), ld, r.bias, n_head, n_kv, hd, k_ref.data(), v_ref.data(), 0) == cudaSuccess);
+        r.k_cache = k.data(), r.v_cache = v.data();
+        CHECK(cllm_cuda_gemm_rope_store(w.data(), K, x.data(), n, y.data(), ld, &r, 0) == cudaSuccess);
+        int64_t bad_y = 0;
+        for (int32_t t = 0; t < n; t++)
+            bad_y += memcmp(&y[(size_t)t * ld], &y_ref[(size_t)t * ld], (size_t)N * 4) != 0;
+        CHECKF(bad_y == 0, "gemm_rope_store n=%d: %lld rows of y differ from gemm + qkv_rope_store", n, (long long)bad_y);
+        CHECKF(memcmp(k.data(), k_ref.data(), k.size() * 2) == 0, "gemm_rope_store n=%d: k cache differs", n);
+        CHECKF(memcmp(v.data(), v_ref.data(), v.size() * 2) == 0, "gemm_rope_store n=%d: v cache differs", n);
+    }
+    std::vector<float> y((size_t)n_max * N);
+    CHECK(!cllm_cuda_gemm_rope_supported(w.data(), x.data(), K, n_max, hd)); /* 33: the tiled kernel's */
+    CHECK(cllm_cuda_gemm_rope_store(w.data(), K, x.data(), n_max, y.data(), N, &r, 0) == cudaErrorInvalidValue);
+}
+
 int main(int argc, char **argv)
 {
     int which = argc > 1 ? atoi(argv[1]) : -1;
@@ -440,6 +481,8 @@ int main(int argc, char **argv)
         test_gemm(136, 520, 33, true);   /* skinny's largest tile and the tiled kernel at 33 */
         test_gemm_silu(100, 264);
         test_gemm_silu(200, 1024); /* several slices */
+        test_gemm_rope_store(12, 2, 128, 264, true); /* Qwen2.5-1.5B's heads */
+        test_gemm_rope_store(14, 2, 64, 520, false); /* Qwen2.5-0.5B's, several slices */
     }
     /* refused operands */
     std::vector<__nv_bfloat16> w8(64), x8(64);

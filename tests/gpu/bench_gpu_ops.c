@@ -159,6 +159,16 @@ static enum cllm_status issue_rope_store(const struct op *o)
     return G->qkv_rope_store(gpu, &rope, &o->batch, o->x, QKV_LD, o->b, N_HEAD, N_KV, o->k, o->v);
 }
 
+/* The QKV projection with bias + RoPE + KV store in its epilogue (x: the act rows, y: qkv). */
+static enum cllm_status issue_matmul_rope_store(const struct op *o)
+{
+    struct cllm_rope rope = {1000000.0f, HD};
+    if (!G->matmul_rope_store)
+        return CLLM_ERR_UNSUPPORTED;
+    return G->matmul_rope_store(gpu, o->w, o->x, &rope, &o->batch, o->y, QKV_LD, o->b, N_HEAD, N_KV,
+                                o->k, o->v);
+}
+
 static enum cllm_status issue_attention(const struct op *o)
 {
     return G->attention(gpu, &o->batch, o->x, QKV_LD, o->k, o->v, N_HEAD, N_KV, HD,
@@ -354,10 +364,13 @@ static void bench_small_ops(void)
         o.bytes = (double)steps[i] * DIM * (4 + 4 + 4 + (double)act);
         time_op(&o);
     }
-    /* RoPE + KV store: 1 or 192 sequences decoding at 320, or one 512-token prompt */
+    /* RoPE + KV store: 1, 8 or 192 sequences decoding at 320, or one 512-token prompt; the
+     * QKV projection with both in its epilogue where the step is small enough for it */
+    struct bench_weight *wqkv = make_weight(DIM, QKV_LD, false);
+    void *xa = dev_random(32 * DIM, G->act_dtype, 1.0f);
     struct {
         int32_t n_seqs, len, q;
-    } rs[] = {{1, 320, 1}, {192, 320, 1}, {1, 512, 512}};
+    } rs[] = {{1, 320, 1}, {8, 320, 1}, {192, 320, 1}, {1, 512, 512}};
     for (size_t i = 0; i < sizeof rs / sizeof rs[0]; i++) {
         struct cllm_attn_batch b = make_batch(rs[i].n_seqs, rs[i].len, rs[i].q);
         int64_t slots = (int64_t)rs[i].n_seqs * b.max_blocks * BLOCK;
@@ -368,9 +381,22 @@ static void bench_small_ops(void)
         o.batch = b, o.x = qkv, o.b = &bias->w, o.k = k, o.v = v;
         o.bytes = (double)b.n_tokens * (QKV_LD * 4.0 * 2 + N_KV * HD * 2 * (double)kv);
         time_op(&o);
+        if (b.n_tokens <= 32) {
+            struct op f = {.name = "matmul_rope_store qkv +bias",
+                           .issue = issue_matmul_rope_store,
+                           .n = b.n_tokens};
+            f.batch = b, f.w = &wqkv->w, f.x = xa, f.y = qkv, f.b = &bias->w, f.k = k, f.v = v;
+            f.bytes = (double)QKV_LD * DIM * 2 +
+                      (double)b.n_tokens *
+                          (DIM * (double)act + QKV_LD * 4.0 + N_KV * HD * 2 * (double)kv);
+            f.flops = 2.0 * b.n_tokens * QKV_LD * DIM;
+            time_op(&f);
+        }
         G->dealloc(gpu, qkv), G->dealloc(gpu, k), G->dealloc(gpu, v);
         free_batch(&b);
     }
+    free_weight(wqkv);
+    G->dealloc(gpu, xa);
     /* the floor: a one-element gather, i.e. what one more kernel in a step costs */
     struct cllm_attn_batch b = make_batch(1, 1, 1);
     struct op o = {.name = "launch floor (1-element gather)", .issue = issue_gather, .n = 1};

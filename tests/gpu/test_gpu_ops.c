@@ -19,6 +19,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/ref.h"
 #include "core/f16.h"
+#include "core/status.h"
 #include "test.h"
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
@@ -307,6 +308,66 @@ static void test_matmul_silu(int32_t K, int32_t N)
     free_weight(&w);
 }
 
+/* The QKV projection with bias, RoPE and the KV store in its epilogue (matmul_rope_store)
+ * equals matmul + qkv_rope_store bit for bit (q, k in the qkv rows; both caches), a padding
+ * row included; a step too large for it is refused with nothing queued. */
+static void test_matmul_rope_store(int32_t n_head, int32_t n_kv, int32_t hd, int32_t K)
+{
+    const int32_t N = (n_head + 2 * n_kv) * hd, KV = n_kv * hd, n_slots = 64;
+    struct wpair w, b;
+    make_weight(&w, K, N, 0.05f);
+    make_weight(&b, N, 1, 0.5f);
+    struct cllm_rope rope = {1000000.0f, hd};
+    const int32_t sizes[] = {1, 5, 32, 33};
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        int32_t n = sizes[si];
+        int32_t *pos = malloc((size_t)n * 4), *slot = malloc((size_t)n * 4);
+        for (int32_t t = 0; t < n; t++)
+            pos[t] = 11 * t + 2, slot[t] = t == n / 2 && n > 1 ? -1 : (t * 5 + 3) % n_slots;
+        void *pos_d = dev_upload(pos, (size_t)n * 4), *slot_d = dev_upload(slot, (size_t)n * 4);
+        struct cllm_attn_batch ab = {n, pos_d, pos_d, slot_d, NULL, 0, 16, 0};
+        float *x = randv((int64_t)n * K, 1.0f);
+        uint16_t *xb = malloc((size_t)n * K * 2);
+        for (int64_t i = 0; i < (int64_t)n * K; i++)
+            xb[i] = cllm_f32_to_bf16(x[i]);
+        void *x_d = dev_upload(xb, (size_t)n * K * 2);
+        void *y_d = dev_poisoned((size_t)n * N * 4), *y2_d = dev_poisoned((size_t)n * N * 4);
+        void *k_d = dev_poisoned((size_t)n_slots * KV * 2),
+             *v_d = dev_poisoned((size_t)n_slots * KV * 2);
+        void *k2_d = dev_poisoned((size_t)n_slots * KV * 2),
+             *v2_d = dev_poisoned((size_t)n_slots * KV * 2);
+        CHECK(G->matmul(gpu, &w.g, NULL, x_d, n, y_d, N) == CLLM_OK);
+        CHECK(G->qkv_rope_store(gpu, &rope, &ab, y_d, N, &b.g, n_head, n_kv, k_d, v_d) == CLLM_OK);
+        enum cllm_status st = G->matmul_rope_store
+                                  ? G->matmul_rope_store(gpu, &w.g, x_d, &rope, &ab, y2_d, N, &b.g,
+                                                         n_head, n_kv, k2_d, v2_d)
+                                  : CLLM_ERR_UNSUPPORTED;
+        if (n > 32) {
+            CHECKF(st == CLLM_ERR_UNSUPPORTED, "matmul_rope_store took a %d-token step", (int)n);
+        } else {
+            CHECKF(st == CLLM_OK, "matmul_rope_store, %d tokens: %s", (int)n, cllm_status_str(st));
+            float *y = download_f32(y_d, (int64_t)n * N), *y2 = download_f32(y2_d, (int64_t)n * N);
+            float *k = download_bf16(k_d, (int64_t)n_slots * KV),
+                  *k2 = download_bf16(k2_d, (int64_t)n_slots * KV);
+            float *v = download_bf16(v_d, (int64_t)n_slots * KV),
+                  *v2 = download_bf16(v2_d, (int64_t)n_slots * KV);
+            CHECKF(memcmp(y, y2, (size_t)n * N * 4) == 0,
+                   "matmul_rope_store %d/%d heads, %d tokens: qkv rows differ", (int)n_head,
+                   (int)n_kv, (int)n);
+            CHECKF(memcmp(k, k2, (size_t)n_slots * KV * 4) == 0 &&
+                       memcmp(v, v2, (size_t)n_slots * KV * 4) == 0,
+                   "matmul_rope_store %d/%d heads, %d tokens: caches differ", (int)n_head,
+                   (int)n_kv, (int)n);
+            free(y), free(y2), free(k), free(k2), free(v), free(v2);
+        }
+        void *bufs[] = {pos_d, slot_d, x_d, y_d, y2_d, k_d, v_d, k2_d, v2_d};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            G->dealloc(gpu, bufs[i]);
+        free(pos), free(slot), free(x), free(xb);
+    }
+    free_weight(&w), free_weight(&b);
+}
+
 /* Sequences of the given lengths, all their tokens in one step, over shuffled blocks: bias +
  * RoPE + KV store, then attention; a padding row at the end writes nothing. The last token
  * of each sequence is then run alone, and must give the same bits (batch invariance). */
@@ -560,6 +621,8 @@ int main(void)
     test_matmul_invariance(8960, 1536); /* down projection */
     test_matmul_invariance(1536, 8960); /* one slice */
     test_matmul_silu(8960, 1536);
+    test_matmul_rope_store(12, 2, 128, 1536); /* Qwen2.5-1.5B */
+    test_matmul_rope_store(14, 2, 64, 896);   /* Qwen2.5-0.5B */
     int32_t lens_a[] = {1, 17, 300};
     int32_t lens_b[] = {5000, 2, 700};     /* 5000: split over several blocks */
     test_attention(12, 2, 128, lens_a, 3); /* Qwen2.5-1.5B */

@@ -399,15 +399,13 @@ static struct cllm_cuda_batch batch_of(const struct cllm_attn_batch *b)
     return d;
 }
 
-static enum cllm_status cu_qkv_rope_store(struct cllm_backend *be, const struct cllm_rope *rope,
-                                          const struct cllm_attn_batch *b, float *qkv, int32_t ld,
-                                          const struct cllm_weight *bias, int32_t n_head,
-                                          int32_t n_kv, void *k_cache, void *v_cache)
+/* Checks qkv_rope_store's operands and brings c->freqs to the rope's (theta, head_dim). */
+static enum cllm_status prepare_rope(struct cuda *c, const struct cllm_rope *rope, int32_t ld,
+                                     const struct cllm_weight *bias, int32_t n_head, int32_t n_kv)
 {
-    struct cuda *c = cuda_of(be);
     int32_t hd = rope->head_dim, half = hd / 2;
-    if (hd <= 0 || hd % 2 || half > CLLM_CUDA_MAX_HALF_DIM || ld < (n_head + 2 * n_kv) * hd ||
-        (bias && bias->ne[0] != (int64_t)(n_head + 2 * n_kv) * hd))
+    if (hd <= 0 || hd % 2 || half > CLLM_CUDA_MAX_HALF_DIM || n_head < 1 || n_kv < 1 ||
+        ld < (n_head + 2 * n_kv) * hd || (bias && bias->ne[0] != (int64_t)(n_head + 2 * n_kv) * hd))
         return CLLM_ERR_INVALID_ARG;
     if (c->freqs_theta != rope->theta || c->freqs_head_dim != hd) {
         /* exactly cpu/ref.c's frequencies: the host's powf, once per (theta, head_dim) */
@@ -416,11 +414,50 @@ static enum cllm_status cu_qkv_rope_store(struct cllm_backend *be, const struct 
         c->freqs_theta = rope->theta;
         c->freqs_head_dim = hd;
     }
+    return CLLM_OK;
+}
+
+static enum cllm_status cu_qkv_rope_store(struct cllm_backend *be, const struct cllm_rope *rope,
+                                          const struct cllm_attn_batch *b, float *qkv, int32_t ld,
+                                          const struct cllm_weight *bias, int32_t n_head,
+                                          int32_t n_kv, void *k_cache, void *v_cache)
+{
+    struct cuda *c = cuda_of(be);
+    TRY(prepare_rope(c, rope, ld, bias, n_head, n_kv));
     struct cllm_cuda_batch d = batch_of(b);
-    return check_cuda(cllm_cuda_qkv_rope_store(
-                          &d, &c->freqs, qkv, ld, bias ? (const float *)bias->data : NULL, n_head,
-                          n_kv, hd, (__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache, c->stream),
+    return check_cuda(cllm_cuda_qkv_rope_store(&d, &c->freqs, qkv, ld,
+                                               bias ? (const float *)bias->data : NULL, n_head,
+                                               n_kv, rope->head_dim, (__nv_bfloat16 *)k_cache,
+                                               (__nv_bfloat16 *)v_cache, c->stream),
                       "qkv_rope_store");
+}
+
+static enum cllm_status cu_matmul_rope_store(struct cllm_backend *be, const struct cllm_weight *w,
+                                             const void *x, const struct cllm_rope *rope,
+                                             const struct cllm_attn_batch *b, float *qkv,
+                                             int32_t ld, const struct cllm_weight *bias,
+                                             int32_t n_head, int32_t n_kv, void *k_cache,
+                                             void *v_cache)
+{
+    struct cuda *c = cuda_of(be);
+    TRY(prepare_rope(c, rope, ld, bias, n_head, n_kv));
+    if (w->dtype != CLLM_DTYPE_BF16 || w->ne[0] > INT32_MAX ||
+        w->ne[1] != (int64_t)(n_head + 2 * n_kv) * rope->head_dim)
+        return CLLM_ERR_INVALID_ARG;
+    int32_t K = (int32_t)w->ne[0];
+    if (c->cublas_only ||
+        !cllm_cuda_gemm_rope_supported(w->data, x, K, b->n_tokens, rope->head_dim))
+        return CLLM_ERR_UNSUPPORTED;
+    struct cllm_cuda_rope_store r;
+    r.pos = b->pos, r.slot = b->slot;
+    r.bias = bias ? (const float *)bias->data : NULL;
+    r.n_head = n_head, r.n_kv = n_kv, r.head_dim = rope->head_dim;
+    r.k_cache = (__nv_bfloat16 *)k_cache, r.v_cache = (__nv_bfloat16 *)v_cache;
+    r.freqs = c->freqs;
+    return check_cuda(cllm_cuda_gemm_rope_store((const __nv_bfloat16 *)w->data, K,
+                                                (const __nv_bfloat16 *)x, b->n_tokens, qkv, ld, &r,
+                                                c->stream),
+                      "gemm (QKV, RoPE, KV store)");
 }
 
 static enum cllm_status cu_attention(struct cllm_backend *be, const struct cllm_attn_batch *b,
@@ -622,6 +659,7 @@ static const struct cllm_backend_iface cuda_iface = {
     /* .attention_scratch = */ cu_attention_scratch,
     /* .silu_mul = */ cu_silu_mul,
     /* .matmul_silu = */ cu_matmul_silu,
+    /* .matmul_rope_store = */ cu_matmul_rope_store,
     /* .gather_rows = */ cu_gather_rows,
     /* .sample = */ cu_sample,
     /* .graph_begin = */ cu_graph_begin,

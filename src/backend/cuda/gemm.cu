@@ -116,22 +116,125 @@ static __device__ __forceinline__ int32_t acc_tok(int lane, int e)
     return (lane % 4) * 2 + (e & 1);
 }
 
+/* What the skinny kernel does with its finished sums: y = sum (+ bias), its 16 rows
+ * consecutive... */
+struct plain_epilogue {
+    const float *bias; /* or NULL */
+};
+
+/* ... or (cllm_cuda_rope_store: the QKV projection) bias, RoPE and the KV cache. Then a q or
+ * k block takes 8 rotate-half pairs of one head, rows i and i + head_dim / 2 as MMA rows g and
+ * g + 8, so each lane holds both halves of its pairs; v rows stay 16 consecutive ones. Which W
+ * row lands on which MMA row does not change what is summed for it. */
+static __device__ __forceinline__ void block_rows(const plain_epilogue &, int32_t bx, int g,
+                                                  int32_t *lo, int32_t *hi)
+{
+    *lo = bx * 16 + g;
+    *hi = *lo + 8;
+}
+
+static __device__ __forceinline__ void block_rows(const cllm_cuda_rope_store &r, int32_t bx, int g,
+                                                  int32_t *lo, int32_t *hi)
+{
+    const int32_t half = r.head_dim / 2, per_head = half / 8;
+    const int32_t rope_blocks = (r.n_head + r.n_kv) * per_head;
+    if (bx < rope_blocks) {
+        *lo = bx / per_head * r.head_dim + bx % per_head * 8 + g;
+        *hi = *lo + half;
+    } else {
+        *lo = (r.n_head + r.n_kv) * r.head_dim + (bx - rope_blocks) * 16 + g;
+        *hi = *lo + 8;
+    }
+}
+
+/* Element e of lane l of token tile j, summed over the slices in order. */
+template <int NT>
+static __device__ __forceinline__ float slice_sum(const float (*part)[NT][4][32], int32_t S, int j,
+                                                  int e, int l)
+{
+    float v = part[0][j][e][l];
+    for (int32_t s = 1; s < S; s++)
+        v += part[s][j][e][l];
+    return v;
+}
+
+template <int NT>
+static __device__ void finish(const plain_epilogue &ep, const float (*part)[NT][4][32], int32_t S,
+                              int32_t N, int32_t n, float *y, int32_t ldy)
+{
+    for (int i = threadIdx.x; i < NT * 4 * 32; i += blockDim.x) {
+        const int j = i / 128, e = i / 32 % 4, l = i % 32;
+        int32_t lo, hi;
+        block_rows(ep, (int32_t)blockIdx.x, l / 4, &lo, &hi);
+        const int32_t row = e >= 2 ? hi : lo, tok = j * 8 + acc_tok(l, e);
+        const float v = slice_sum<NT>(part, S, j, e, l);
+        if (row < N && tok < n)
+            y[(int64_t)tok * ldy + row] = ep.bias ? v + ep.bias[row] : v;
+    }
+}
+
+/* Exactly cllm_cuda_qkv_rope_store's arithmetic on the rows it would read back. */
+template <int NT>
+static __device__ void finish(const cllm_cuda_rope_store &r, const float (*part)[NT][4][32],
+                              int32_t S, int32_t N, int32_t n, float *y, int32_t ldy)
+{
+    (void)N;
+    const int32_t hd = r.head_dim, half = hd / 2, kv = r.n_kv * hd;
+    const int32_t qk_rows = (r.n_head + r.n_kv) * hd;
+    for (int i = threadIdx.x; i < NT * 2 * 32; i += blockDim.x) {
+        const int j = i / 64, e = i / 32 % 2, l = i % 32; /* elements e and e + 2: rows lo, hi */
+        const int32_t tok = j * 8 + acc_tok(l, e);
+        if (tok >= n)
+            continue;
+        int32_t lo, hi;
+        block_rows(r, (int32_t)blockIdx.x, l / 4, &lo, &hi);
+        const float v1 = slice_sum<NT>(part, S, j, e, l), v2 = slice_sum<NT>(part, S, j, e + 2, l);
+        const int32_t slot = r.slot[tok];
+        float *row = y + (int64_t)tok * ldy;
+        if (lo < qk_rows) {
+            const float x1 = r.bias ? __fadd_rn(v1, r.bias[lo]) : v1;
+            const float x2 = r.bias ? __fadd_rn(v2, r.bias[hi]) : v2;
+            const int32_t h = lo / hd, f = lo % hd;
+            float c, s, y1, y2;
+            cllm_cuda_rope_cos_sin(r.pos[tok], r.freqs.inv_freq[f], &c, &s);
+            cllm_cuda_rope_rotate(x1, x2, c, s, &y1, &y2);
+            row[lo] = y1;
+            row[hi] = y2;
+            if (h >= r.n_head && slot >= 0) {
+                __nv_bfloat16 *k = r.k_cache + (int64_t)slot * kv + (int64_t)(h - r.n_head) * hd;
+                k[f] = __float2bfloat16_rn(y1);
+                k[f + half] = __float2bfloat16_rn(y2);
+            }
+        } else {
+            row[lo] = v1; /* v stays as projected; the cache gets it with its bias */
+            row[hi] = v2;
+            if (slot >= 0) {
+                __nv_bfloat16 *vc = r.v_cache + (int64_t)slot * kv - qk_rows;
+                vc[lo] = __float2bfloat16_rn(r.bias ? __fadd_rn(v1, r.bias[lo]) : v1);
+                vc[hi] = __float2bfloat16_rn(r.bias ? __fadd_rn(v2, r.bias[hi]) : v2);
+            }
+        }
+    }
+}
+
 /* Decode steps (n <= 8 NT tokens): block = 16 rows of W, warp s = slice s. Each warp streams
  * its part of the 16 rows once and applies it to every token; the slices meet in shared memory
- * and are summed in slice order. */
-template <int NT, bool SILU>
+ * and are summed in slice order, and EP says what becomes of the sums. */
+template <int NT, bool SILU, class EP>
 static __global__ void __launch_bounds__(MAX_SLICES * 32)
-    gemm_skinny(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K, const void *x,
-                int32_t n, float *y, int32_t ldy, int32_t S)
+    gemm_skinny(const __nv_bfloat16 *w, EP ep, int32_t N, int32_t K, const void *x, int32_t n,
+                float *y, int32_t ldy, int32_t S)
 {
     cllm_pdl_wait();
     constexpr int UNROLL = NT <= 2 ? 4 : 2;       /* chunks whose loads are issued together */
     __shared__ float part[MAX_SLICES][NT][4][32]; /* [slice][token tile][element][lane] */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-    const int32_t row0 = (int32_t)blockIdx.x * 16, chunks = (K + CHUNK - 1) / CHUNK;
+    const int32_t chunks = (K + CHUNK - 1) / CHUNK;
     const int32_t c0 = slice_start(warp, chunks, S), c1 = slice_start(warp + 1, chunks, S);
-    const __nv_bfloat16 *w_lo = row0 + g < N ? w + (int64_t)(row0 + g) * K : NULL;
-    const __nv_bfloat16 *w_hi = row0 + g + 8 < N ? w + (int64_t)(row0 + g + 8) * K : NULL;
+    int32_t row_lo, row_hi;
+    block_rows(ep, (int32_t)blockIdx.x, g, &row_lo, &row_hi);
+    const __nv_bfloat16 *w_lo = row_lo < N ? w + (int64_t)row_lo * K : NULL;
+    const __nv_bfloat16 *w_hi = row_hi < N ? w + (int64_t)row_hi * K : NULL;
     const void *xr[NT];
     float acc[NT][4];
 #pragma unroll
@@ -165,15 +268,7 @@ static __global__ void __launch_bounds__(MAX_SLICES * 32)
         for (int e = 0; e < 4; e++)
             part[warp][j][e][lane] = acc[j][e];
     __syncthreads();
-    for (int i = threadIdx.x; i < NT * 4 * 32; i += blockDim.x) {
-        const int j = i / 128, e = i / 32 % 4, l = i % 32;
-        const int32_t row = row0 + acc_row(l, e), tok = j * 8 + acc_tok(l, e);
-        float v = part[0][j][e][l];
-        for (int s = 1; s < S; s++)
-            v += part[s][j][e][l];
-        if (row < N && tok < n)
-            y[(int64_t)tok * ldy + row] = bias ? v + bias[row] : v;
-    }
+    finish<NT>(ep, part, S, N, n, y, ldy);
 }
 
 /* The vector at k of tile row r of the tiled kernel (W rows first, then tokens), which is row
@@ -336,6 +431,24 @@ size_t cllm_cuda_gemm_scratch_bytes(int32_t N, int32_t K, int32_t n)
     return (size_t)cllm_cuda_gemm_slices(N, K) * (size_t)n * (size_t)N * sizeof(float);
 }
 
+/* The skinny kernel with as many token tiles as n needs (n <= CLLM_CUDA_GEMM_SKINNY_MAX). */
+template <bool SILU, class EP>
+static void launch_skinny(const __nv_bfloat16 *w, const EP &ep, int32_t N, int32_t K, const void *x,
+                          int32_t n, float *y, int32_t ldy, cudaStream_t stream)
+{
+    const int32_t S = cllm_cuda_gemm_slices(N, K);
+    const unsigned row_tiles = (unsigned)((N + 15) / 16), threads = (unsigned)S * 32;
+    if (n <= 8)
+        cllm_launch(gemm_skinny<1, SILU, EP>, row_tiles, threads, 0, stream, w, ep, N, K, x, n, y,
+                    ldy, S);
+    else if (n <= 16)
+        cllm_launch(gemm_skinny<2, SILU, EP>, row_tiles, threads, 0, stream, w, ep, N, K, x, n, y,
+                    ldy, S);
+    else
+        cllm_launch(gemm_skinny<4, SILU, EP>, row_tiles, threads, 0, stream, w, ep, N, K, x, n, y,
+                    ldy, S);
+}
+
 template <bool SILU>
 static cudaError_t launch_gemm(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K,
                                const void *x, int32_t n, float *y, int32_t ldy, void *scratch,
@@ -346,16 +459,8 @@ static cudaError_t launch_gemm(const __nv_bfloat16 *w, const float *bias, int32_
     if (N == 0 || n == 0)
         return cudaSuccess;
     const int32_t S = cllm_cuda_gemm_slices(N, K);
-    const unsigned row_tiles = (unsigned)((N + 15) / 16);
-    if (n <= 8)
-        cllm_launch(gemm_skinny<1, SILU>, row_tiles, S * 32, 0, stream, w, bias, N, K, x, n, y, ldy,
-                    S);
-    else if (n <= 16)
-        cllm_launch(gemm_skinny<2, SILU>, row_tiles, S * 32, 0, stream, w, bias, N, K, x, n, y, ldy,
-                    S);
-    else if (n <= CLLM_CUDA_GEMM_SKINNY_MAX)
-        cllm_launch(gemm_skinny<4, SILU>, row_tiles, S * 32, 0, stream, w, bias, N, K, x, n, y, ldy,
-                    S);
+    if (n <= CLLM_CUDA_GEMM_SKINNY_MAX)
+        launch_skinny<SILU>(w, plain_epilogue{bias}, N, K, x, n, y, ldy, stream);
     else {
         const size_t need = cllm_cuda_gemm_scratch_bytes(N, K, n);
         const bool parallel = need > 0 && scratch && scratch_bytes >= need;
@@ -390,7 +495,41 @@ cudaError_t cllm_cuda_gemm_silu(const __nv_bfloat16 *w, int32_t N, int32_t K, co
     return launch_gemm<true>(w, NULL, N, K, gate_up, n, y, ldy, scratch, scratch_bytes, stream);
 }
 
+int cllm_cuda_gemm_rope_supported(const void *w, const void *x, int32_t K, int32_t n,
+                                  int32_t head_dim)
+{
+    return cllm_cuda_gemm_supported(w, x, K) && n >= 1 && n <= CLLM_CUDA_GEMM_SKINNY_MAX &&
+           head_dim > 0 && head_dim % 16 == 0 && head_dim / 2 <= CLLM_CUDA_MAX_HALF_DIM;
+}
+
+cudaError_t cllm_cuda_gemm_rope_store(const __nv_bfloat16 *w, int32_t K, const __nv_bfloat16 *x,
+                                      int32_t n, float *y, int32_t ldy,
+                                      const struct cllm_cuda_rope_store *r, cudaStream_t stream)
+{
+    const int32_t N = (r->n_head + 2 * r->n_kv) * r->head_dim;
+    if (!cllm_cuda_gemm_rope_supported(w, x, K, n, r->head_dim) || r->n_head < 1 || r->n_kv < 1 ||
+        ldy < N)
+        return cudaErrorInvalidValue;
+    launch_skinny<false>(w, *r, N, K, x, n, y, ldy, stream);
+    return cudaGetLastError();
+}
+
 #else /* no tensor-core MMA on this vendor: the backend uses its BLAS */
+
+int cllm_cuda_gemm_rope_supported(const void *w, const void *x, int32_t K, int32_t n,
+                                  int32_t head_dim)
+{
+    (void)w, (void)x, (void)K, (void)n, (void)head_dim;
+    return 0;
+}
+
+cudaError_t cllm_cuda_gemm_rope_store(const __nv_bfloat16 *w, int32_t K, const __nv_bfloat16 *x,
+                                      int32_t n, float *y, int32_t ldy,
+                                      const struct cllm_cuda_rope_store *r, cudaStream_t stream)
+{
+    (void)w, (void)K, (void)x, (void)n, (void)y, (void)ldy, (void)r, (void)stream;
+    return cudaErrorInvalidValue;
+}
 
 int cllm_cuda_gemm_supported(const void *w, const void *x, int32_t K)
 {

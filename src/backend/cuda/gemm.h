@@ -51,4 +51,19 @@ cudaError_t cllm_cuda_gemm_silu(const __nv_bfloat16 *w, int32_t N, int32_t K, co
                                 int32_t n, float *y, int32_t ldy, void *scratch,
                                 size_t scratch_bytes, cudaStream_t stream);
 
+struct cllm_cuda_rope_store; /* kernels.h */
+
+/* Can cllm_cuda_gemm_rope_store take these? The operands cllm_cuda_gemm takes, a step the
+ * skinny kernel runs (1 <= n <= CLLM_CUDA_GEMM_SKINNY_MAX), head_dim a multiple of 16. */
+int cllm_cuda_gemm_rope_supported(const void *w, const void *x, int32_t K, int32_t n,
+                                  int32_t head_dim);
+
+/* The stacked QKV projection y = W x (no bias in the sum; W [N][K], N = (n_head + 2 n_kv)
+ * head_dim) followed by what cllm_cuda_qkv_rope_store does to y -- bias, RoPE of q and k, K
+ * and V into the cache -- in one kernel, with the same bits: one launch less per layer in
+ * decode steps. */
+cudaError_t cllm_cuda_gemm_rope_store(const __nv_bfloat16 *w, int32_t K, const __nv_bfloat16 *x,
+                                      int32_t n, float *y, int32_t ldy,
+                                      const struct cllm_cuda_rope_store *r, cudaStream_t stream);
+
 #endif

@@ -125,13 +125,8 @@ static __global__ void qkv_rope_store_kernel(struct cllm_cuda_batch b,
     cllm_pdl_wait();
     __shared__ float cos_s[CLLM_CUDA_MAX_HALF_DIM], sin_s[CLLM_CUDA_MAX_HALF_DIM];
     int32_t t = blockIdx.x, half = hd / 2, pos = b.pos[t], slot = b.slot[t];
-    for (int32_t i = threadIdx.x; i < half; i += blockDim.x) {
-        float angle = __fmul_rn((float)pos, freqs.inv_freq[i]);
-        double s, c;
-        sincos((double)angle, &s, &c);
-        cos_s[i] = (float)c;
-        sin_s[i] = (float)s;
-    }
+    for (int32_t i = threadIdx.x; i < half; i += blockDim.x)
+        cllm_cuda_rope_cos_sin(pos, freqs.inv_freq[i], &cos_s[i], &sin_s[i]);
     __syncthreads();
     float *row = qkv + (int64_t)t * ld;
     int32_t n_rot = (n_head + n_kv) * half, kv = n_kv * hd;
@@ -142,9 +137,8 @@ static __global__ void qkv_rope_store_kernel(struct cllm_cuda_batch b,
             x1 = __fadd_rn(x1, bias[j]);
             x2 = __fadd_rn(x2, bias[j + half]);
         }
-        float c = cos_s[i], s = sin_s[i];
-        float y1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
-        float y2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+        float y1, y2;
+        cllm_cuda_rope_rotate(x1, x2, cos_s[i], sin_s[i], &y1, &y2);
         row[j] = y1;
         row[j + half] = y2;
         if (h >= n_head && slot >= 0) {

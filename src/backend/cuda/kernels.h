@@ -20,6 +20,37 @@ struct cllm_cuda_rope_freqs {
     float inv_freq[CLLM_CUDA_MAX_HALF_DIM]; /* computed on the host exactly as cpu/ref.c does */
 };
 
+/* RoPE's cos and sin at position pos for frequency inv_freq, as cpu/ref.c rounds them (the
+ * angle in F32, its sine and cosine in double), and the rotation of one rotate-half pair
+ * (x1, x2) -> (x1 c - x2 s, x2 c + x1 s) without FMA contraction: shared by the RoPE kernel
+ * and the QKV GEMM's epilogue, so both give the same bits. */
+static __device__ __forceinline__ void cllm_cuda_rope_cos_sin(int32_t pos, float inv_freq, float *c,
+                                                              float *s)
+{
+    const float angle = __fmul_rn((float)pos, inv_freq);
+    double sd, cd;
+    sincos((double)angle, &sd, &cd);
+    *c = (float)cd;
+    *s = (float)sd;
+}
+
+static __device__ __forceinline__ void cllm_cuda_rope_rotate(float x1, float x2, float c, float s,
+                                                             float *y1, float *y2)
+{
+    *y1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+    *y2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+}
+
+/* What cllm_cuda_qkv_rope_store does after the QKV projection, as the GEMM's epilogue takes
+ * it (gemm.h): rows of [q heads | k heads | v heads], n_head + 2 n_kv heads of head_dim. */
+struct cllm_cuda_rope_store {
+    const int32_t *pos, *slot; /* per token (device); slot < 0: a padding row */
+    const float *bias;         /* stacked [q | k | v] bias, or NULL */
+    int32_t n_head, n_kv, head_dim;
+    __nv_bfloat16 *k_cache, *v_cache;
+    struct cllm_cuda_rope_freqs freqs;
+};
+
 /* Where the tokens of a step sit (device arrays), as in struct cllm_attn_batch. */
 struct cllm_cuda_batch {
     int32_t n_tokens;
