@@ -128,6 +128,8 @@ static void check_regrouped(const char *kernel, const struct cllm_cuda_batch &al
     for (int32_t i = 0; i < n; i++) order[i] = n - 1 - i;
     /* chunk sizes cycle through these: 1-token chunks, tiles cut mid-way, tiles spanning two */
     const int32_t sizes[] = {1, 7, 23, 2, 64, 11};
+    /* one scratch for every step, as the model has it (zero-filled once) */
+    std::vector<unsigned char> scratch(cllm_cuda_attention_scratch(n, n_head, hd), 0);
     for (int pass = 0; pass < 2; pass++) {
         int64_t bad_tokens = 0;
         for (int32_t start = 0, k = 0; start < n; k++) {
@@ -142,7 +144,6 @@ static void check_regrouped(const char *kernel, const struct cllm_cuda_batch &al
             }
             struct cllm_cuda_batch b = all;
             b.n_tokens = len, b.pos = pos.data(), b.seq = seq.data(), b.slot = slot.data();
-            std::vector<unsigned char> scratch(cllm_cuda_attention_scratch(len, n_head, hd), 0);
             std::vector<__nv_bfloat16> o((size_t)len * Q);
             memset(o.data(), 0xff, o.size() * 2);
             CHECK(cllm_cuda_attention(&b, qs.data(), Q, kg, vg, n_head, n_kv, hd, 1.0f / sqrtf((float)hd), simt, scratch.data(), o.data(), 0) == cudaSuccess);

@@ -51,6 +51,41 @@ static __host__ __device__ int32_t n_splits_for(int32_t len)
     return (len + sl - 1) / sl;
 }
 
+/* The scratch of split rows: one record per token t, at a place that does not depend on how
+ * many tokens the step has -- so attention_mma's counts, zero-filled once, are never written
+ * over by another step's partial results. A record holds, per query head and split, the F32
+ * accumulator [hd] and (max, sum); then one count per KV head (n_head slots, n_kv used). */
+struct split_scratch {
+    float *base;
+    int32_t n_head, hd;
+};
+
+static __host__ __device__ int64_t record_floats(int32_t n_head, int32_t hd)
+{
+    return (int64_t)n_head * (MAX_SPLITS * ((int64_t)hd + 2) + 1);
+}
+
+static __device__ __forceinline__ float *part_acc(const split_scratch &sc, int32_t t, int32_t h,
+                                                  int32_t s)
+{
+    return sc.base + t * record_floats(sc.n_head, sc.hd) + ((int64_t)h * MAX_SPLITS + s) * sc.hd;
+}
+
+static __device__ __forceinline__ float *part_ml(const split_scratch &sc, int32_t t, int32_t h,
+                                                 int32_t s)
+{
+    return sc.base + t * record_floats(sc.n_head, sc.hd) + (int64_t)sc.n_head * MAX_SPLITS * sc.hd +
+           ((int64_t)h * MAX_SPLITS + s) * 2;
+}
+
+static __device__ __forceinline__ int32_t *split_count(const split_scratch &sc, int32_t t,
+                                                       int32_t kvh)
+{
+    return (int32_t *)(sc.base + t * record_floats(sc.n_head, sc.hd) +
+                       (int64_t)sc.n_head * MAX_SPLITS * (sc.hd + 2)) +
+           kvh;
+}
+
 static __device__ float warp_max(float v)
 {
     for (int o = 16; o > 0; o >>= 1)
@@ -70,7 +105,7 @@ template <int D>
 static __global__ void __launch_bounds__(32 * MAX_GROUP)
     attention_simt(struct cllm_cuda_batch b, const float *q, int32_t ldq,
                    const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache, int32_t n_head,
-                   int32_t n_kv, float scale, __nv_bfloat16 *out, float *part_acc, float *part_ml)
+                   int32_t n_kv, float scale, __nv_bfloat16 *out, split_scratch sc)
 {
     cllm_pdl_wait();
     constexpr int HD = 32 * D;
@@ -160,13 +195,13 @@ static __global__ void __launch_bounds__(32 * MAX_GROUP)
             out[th * HD + lane * D + i] = __float2bfloat16_rn(acc[i] * inv);
         return;
     }
-    float *pa = part_acc + (th * MAX_SPLITS + split) * HD;
+    float *pa = part_acc(sc, t, h, split);
 #pragma unroll
     for (int i = 0; i < D; i++)
         pa[lane * D + i] = acc[i];
     if (lane == 0) {
-        part_ml[(th * MAX_SPLITS + split) * 2] = m;
-        part_ml[(th * MAX_SPLITS + split) * 2 + 1] = l;
+        part_ml(sc, t, h, split)[0] = m;
+        part_ml(sc, t, h, split)[1] = l;
     }
 }
 
@@ -174,19 +209,18 @@ static __global__ void __launch_bounds__(32 * MAX_GROUP)
  * order. BASE2: the maxima are in log2 units (attention_mma). The one formula both the
  * combine kernel and attention_mma's last block use. */
 template <bool BASE2>
-static __device__ __forceinline__ __nv_bfloat16 combine_one(const float *part_acc,
-                                                            const float *part_ml, int64_t th,
-                                                            int32_t n_splits, int32_t hd, int32_t d)
+static __device__ __forceinline__ __nv_bfloat16 combine_one(const split_scratch &sc, int32_t t,
+                                                            int32_t h, int32_t n_splits, int32_t d)
 {
-    const float *ml = part_ml + th * MAX_SPLITS * 2;
     float mx = -INFINITY;
     for (int32_t s = 0; s < n_splits; s++)
-        mx = fmaxf(mx, __ldcg(&ml[2 * s]));
+        mx = fmaxf(mx, __ldcg(part_ml(sc, t, h, s)));
     float num = 0.0f, den = 0.0f;
     for (int32_t s = 0; s < n_splits; s++) {
-        const float m = __ldcg(&ml[2 * s]), w = BASE2 ? exp2f(m - mx) : expf(m - mx);
-        num = fmaf(w, __ldcg(&part_acc[(th * MAX_SPLITS + s) * hd + d]), num);
-        den = fmaf(w, __ldcg(&ml[2 * s + 1]), den);
+        const float *ml = part_ml(sc, t, h, s);
+        const float m = __ldcg(&ml[0]), w = BASE2 ? exp2f(m - mx) : expf(m - mx);
+        num = fmaf(w, __ldcg(part_acc(sc, t, h, s) + d), num);
+        den = fmaf(w, __ldcg(&ml[1]), den);
     }
     return __float2bfloat16_rn(num / den);
 }
@@ -194,8 +228,7 @@ static __device__ __forceinline__ __nv_bfloat16 combine_one(const float *part_ac
 /* One block per (token, head), one thread per dimension: merges the token's splits in order
  * (after attention_simt; attention_mma merges in its last block instead). */
 static __global__ void combine_kernel(struct cllm_cuda_batch b, int32_t n_head, int32_t hd,
-                                      const float *part_acc, const float *part_ml,
-                                      __nv_bfloat16 *out)
+                                      split_scratch sc, __nv_bfloat16 *out)
 {
     cllm_pdl_wait();
     const int32_t t = blockIdx.x, h = blockIdx.y;
@@ -204,7 +237,7 @@ static __global__ void combine_kernel(struct cllm_cuda_batch b, int32_t n_head, 
         return; /* written by the attention kernel */
     const int64_t th = (int64_t)t * n_head + h;
     for (int32_t d = threadIdx.x; d < hd; d += blockDim.x)
-        out[th * hd + d] = combine_one<false>(part_acc, part_ml, th, n_splits, hd, d);
+        out[th * hd + d] = combine_one<false>(sc, t, h, n_splits, d);
 }
 
 #ifdef CLLM_HAVE_MMA
@@ -262,8 +295,7 @@ template <int HD>
 static __global__ void __launch_bounds__(MMA_WARPS * 32)
     attention_mma(struct cllm_cuda_batch b, const float *q, int32_t ldq,
                   const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache, int32_t n_head,
-                  int32_t n_kv, float scale_log2, __nv_bfloat16 *out, float *part_acc,
-                  float *part_ml, int32_t *done)
+                  int32_t n_kv, float scale_log2, __nv_bfloat16 *out, split_scratch sc)
 {
     cllm_pdl_wait();
     constexpr int KC = HD / 16;  /* MMA k-steps of Q K^T */
@@ -461,13 +493,13 @@ static __global__ void __launch_bounds__(MMA_WARPS * 32)
             }
             continue;
         }
-        float *pa = part_acc + (th * MAX_SPLITS + split) * HD;
+        float *pa = part_acc(sc, rw.t, rw.h, split);
 #pragma unroll
         for (int n = 0; n < ND; n++)
             pa[8 * n + 2 * qd] = acc[n][2 * i], pa[8 * n + 2 * qd + 1] = acc[n][2 * i + 1];
         if (qd == 0) {
-            part_ml[(th * MAX_SPLITS + split) * 2] = rw.m;
-            part_ml[(th * MAX_SPLITS + split) * 2 + 1] = rw.l;
+            part_ml(sc, rw.t, rw.h, split)[0] = rw.m;
+            part_ml(sc, rw.t, rw.h, split)[1] = rw.l;
         }
     }
     if (tile_splits == 1)
@@ -480,7 +512,7 @@ static __global__ void __launch_bounds__(MMA_WARPS * 32)
     __threadfence(); /* this block's partials are visible before it is counted */
     __syncthreads();
     if (threadIdx.x == 0) {
-        int32_t *counter = done + (int64_t)t0 * n_kv + kvh;
+        int32_t *counter = split_count(sc, t0, kvh);
         last = atomicAdd(counter, 1) == tile_splits - 1;
         if (last)
             *counter = 0;
@@ -493,21 +525,20 @@ static __global__ void __launch_bounds__(MMA_WARPS * 32)
         const int32_t t = t0 + r / group, n_splits = n_splits_for(b.pos[t] + 1);
         if (n_splits == 1)
             continue;
-        const int64_t th = (int64_t)t * n_head + kvh * group + r % group;
+        const int32_t h = kvh * group + r % group;
+        const int64_t th = (int64_t)t * n_head + h;
         for (int32_t d = threadIdx.x; d < HD; d += MMA_WARPS * 32)
-            out[th * HD + d] = combine_one<true>(part_acc, part_ml, th, n_splits, HD, d);
+            out[th * HD + d] = combine_one<true>(sc, t, h, n_splits, d);
     }
 }
 
 #endif /* CLLM_HAVE_MMA */
 
-/* Scratch: partial results [n_tokens][n_head][MAX_SPLITS][head_dim], their (max, sum)
- * [n_tokens][n_head][MAX_SPLITS][2], then attention_mma's counts of finished split blocks
- * [n_tokens][n_kv <= n_head], which must be zero before the first launch and are left zero. */
+/* split_scratch's records; the counts in them must be zero before the first launch and are
+ * left zero. */
 size_t cllm_cuda_attention_scratch(int32_t n_tokens, int32_t n_head, int32_t head_dim)
 {
-    return (size_t)n_tokens * (size_t)n_head *
-           (MAX_SPLITS * ((size_t)head_dim + 2) * sizeof(float) + sizeof(int32_t));
+    return (size_t)n_tokens * (size_t)record_floats(n_head, head_dim) * sizeof(float);
 }
 
 int cllm_cuda_attention_supported(int32_t n_head, int32_t n_kv, int32_t head_dim, bool simt)
@@ -533,29 +564,26 @@ cudaError_t cllm_cuda_attention(const struct cllm_cuda_batch *b, const float *q,
         return cudaErrorInvalidValue;
     int32_t splits = (b->max_len + SPLIT_MIN - 1) / SPLIT_MIN;
     splits = splits < MAX_SPLITS ? splits : MAX_SPLITS;
-    float *part_acc = (float *)scratch;
-    float *part_ml = part_acc + (size_t)b->n_tokens * n_head * MAX_SPLITS * head_dim;
-    int32_t *done = (int32_t *)(part_ml + (size_t)b->n_tokens * n_head * MAX_SPLITS * 2);
+    const split_scratch sc = {(float *)scratch, n_head, head_dim};
     dim3 grid((unsigned)b->n_tokens, (unsigned)n_kv, (unsigned)splits);
     cudaError_t e = cudaSuccess;
     if (simt) {
         unsigned threads = 32u * (unsigned)(n_head / n_kv);
         if (head_dim == 64)
             e = cllm_launch(attention_simt<2>, grid, threads, 0, stream, *b, q, ldq, k_cache,
-                            v_cache, n_head, n_kv, scale, out, part_acc, part_ml);
+                            v_cache, n_head, n_kv, scale, out, sc);
         else
             e = cllm_launch(attention_simt<4>, grid, threads, 0, stream, *b, q, ldq, k_cache,
-                            v_cache, n_head, n_kv, scale, out, part_acc, part_ml);
+                            v_cache, n_head, n_kv, scale, out, sc);
     } else {
 #ifdef CLLM_HAVE_MMA
         const float scale_log2 = scale * 1.44269504088896341f; /* exp(x) = exp2(x log2 e) */
         if (head_dim == 64)
             e = cllm_launch(attention_mma<64>, grid, MMA_WARPS * 32, 0, stream, *b, q, ldq, k_cache,
-                            v_cache, n_head, n_kv, scale_log2, out, part_acc, part_ml, done);
+                            v_cache, n_head, n_kv, scale_log2, out, sc);
         else
             e = cllm_launch(attention_mma<128>, grid, MMA_WARPS * 32, 0, stream, *b, q, ldq,
-                            k_cache, v_cache, n_head, n_kv, scale_log2, out, part_acc, part_ml,
-                            done);
+                            k_cache, v_cache, n_head, n_kv, scale_log2, out, sc);
 #endif
     }
     if (e == cudaSuccess)
@@ -563,5 +591,5 @@ cudaError_t cllm_cuda_attention(const struct cllm_cuda_batch *b, const float *q,
     if (e != cudaSuccess || splits == 1 || !simt)
         return e; /* attention_mma merges its splits itself */
     return cllm_launch(combine_kernel, dim3((unsigned)b->n_tokens, (unsigned)n_head),
-                       (unsigned)head_dim, 0, stream, *b, n_head, head_dim, part_acc, part_ml, out);
+                       (unsigned)head_dim, 0, stream, *b, n_head, head_dim, sc, out);
 }
