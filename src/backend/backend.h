@@ -41,7 +41,7 @@ struct cllm_weight {
     const struct cllm_tensor *host; /* borrowed: the mmap'd file tensor (the first of a stack) */
     const void *data;               /* device pointer to the weight in `dtype` */
     enum cllm_dtype dtype;
-    int64_t ne[2]; /* {row length, rows} (vectors: {n, 1}) */
+    int64_t ne[2];                  /* {row length, rows} (vectors: {n, 1}) */
 };
 
 /* Where each token of a step sits: the attention op's view of a batch. */
@@ -53,8 +53,8 @@ struct cllm_attn_batch {
                                    slot (a padding row) writes nothing */
     const int32_t *block_table; /* [n_seqs][max_blocks] block ids of each sequence */
     int32_t max_blocks;
-    int32_t block_size; /* tokens per KV block */
-    int32_t max_len;    /* host-side bound: every pos[t] < max_len */
+    int32_t block_size;         /* tokens per KV block */
+    int32_t max_len;            /* host-side bound: every pos[t] < max_len */
 };
 
 /* Rotary embedding as transformers applies it (rotate-half pairs i and i + head_dim/2). */
@@ -88,7 +88,8 @@ struct cllm_backend_iface {
     /* Sets n bytes at dst to zero. */
     enum cllm_status (*memzero)(struct cllm_backend *be, void *dst, size_t n);
     /* Optional (NULL: no limit the backend knows of): free and total device memory. */
-    enum cllm_status (*mem_info)(struct cllm_backend *be, size_t *free_bytes, size_t *total_bytes);
+    enum cllm_status (*mem_info)(struct cllm_backend *be, size_t *free_bytes,
+                                 size_t *total_bytes);
     /* Makes a file tensor usable by the ops (CPU: borrows the mapping in place). */
     enum cllm_status (*weight_init)(struct cllm_backend *be, const struct cllm_tensor *t,
                                     struct cllm_weight *w, char *err, size_t err_len);
@@ -109,20 +110,20 @@ struct cllm_backend_iface {
                                 void *out);
     /* Fused residual step: res += x, then out (act_dtype) = rmsnorm(res) * w. */
     enum cllm_status (*add_rmsnorm)(struct cllm_backend *be, float *res, const float *x,
-                                    const struct cllm_weight *w, float eps, int32_t n, int32_t dim,
-                                    void *out);
+                                    const struct cllm_weight *w, float eps, int32_t n,
+                                    int32_t dim, void *out);
     /* y[t][0..N) = W x[t] (+ bias) for t < n; x is [n][K] act_dtype, y F32 with row stride
      * ldy. */
     enum cllm_status (*matmul)(struct cllm_backend *be, const struct cllm_weight *w,
-                               const struct cllm_weight *bias, const void *x, int32_t n, float *y,
-                               int32_t ldy);
+                               const struct cllm_weight *bias, const void *x, int32_t n,
+                               float *y, int32_t ldy);
     /* qkv is [n][ld] F32 holding q [n_head][hd], k [n_kv][hd], v [n_kv][hd] per row. Adds the
      * stacked bias [q | k | v] if given, rotates q and k at each token's position (q in place,
      * for attention), and stores k and v into the layer's cache at each token's slot. */
     enum cllm_status (*qkv_rope_store)(struct cllm_backend *be, const struct cllm_rope *rope,
                                        const struct cllm_attn_batch *b, float *qkv, int32_t ld,
-                                       const struct cllm_weight *bias, int32_t n_head, int32_t n_kv,
-                                       void *k_cache, void *v_cache);
+                                       const struct cllm_weight *bias, int32_t n_head,
+                                       int32_t n_kv, void *k_cache, void *v_cache);
     /* Causal attention of each token over its sequence's positions 0..pos (paged cache).
      * q rows [n][ldq] F32 hold [n_head][hd] -> out [n][n_head][hd] act_dtype; grouped-query:
      * head h reads kv head h / (n_head / n_kv). scale multiplies q.k. scratch holds

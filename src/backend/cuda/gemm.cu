@@ -209,9 +209,9 @@ static __device__ void finish(const cllm_cuda_rope_store &r, const float (*part)
             row[lo] = v1; /* v stays as projected; the cache gets it with its bias */
             row[hi] = v2;
             if (slot >= 0) {
-                __nv_bfloat16 *vc = r.v_cache + (int64_t)slot * kv - qk_rows;
-                vc[lo] = __float2bfloat16_rn(r.bias ? __fadd_rn(v1, r.bias[lo]) : v1);
-                vc[hi] = __float2bfloat16_rn(r.bias ? __fadd_rn(v2, r.bias[hi]) : v2);
+                __nv_bfloat16 *vc = r.v_cache + (int64_t)slot * kv;
+                vc[lo - qk_rows] = __float2bfloat16_rn(r.bias ? __fadd_rn(v1, r.bias[lo]) : v1);
+                vc[hi - qk_rows] = __float2bfloat16_rn(r.bias ? __fadd_rn(v2, r.bias[hi]) : v2);
             }
         }
     }
