@@ -473,6 +473,7 @@ int main(int argc, char **argv)
         if (which < 0 || which == 3) test_attention(4, 2, 64, lens_b, 3, simt, true); /* group 2, split */
         if (which < 0 || which == 4) test_attention(2, 2, 128, lens_b, 3, simt);  /* no grouping, split */
         if (which < 0 || which == 5) test_attention(6, 1, 128, lens_b, 3, simt);  /* group 6, split */
+        if (which < 0 || which == 9) test_attention(14, 2, 64, lens_a, 3, simt);  /* group 7: 63-row tiles */
         if (which < 0 || which == 6) test_decode(4, 2, 64, 4700, simt);
         if (which < 0 || which == 7) test_decode(6, 1, 128, 4700, simt);
     }
