@@ -86,16 +86,18 @@ static __device__ __forceinline__ int32_t *split_count(const split_scratch &sc, 
            kvh;
 }
 
-static __device__ float warp_max(float v)
+/* Max and sum over each group of WIDTH lanes (an xor butterfly): all lanes of a group get the
+ * same bits. WIDTH 32: a warp (attention_simt's keys); 4: a quad (the lanes of one MMA row). */
+template <int WIDTH> static __device__ __forceinline__ float group_max(float v)
 {
-    for (int o = 16; o > 0; o >>= 1)
+    for (int o = WIDTH / 2; o > 0; o >>= 1)
         v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
-static __device__ float warp_sum(float v)
+template <int WIDTH> static __device__ __forceinline__ float group_sum(float v)
 {
-    for (int o = 16; o > 0; o >>= 1)
+    for (int o = WIDTH / 2; o > 0; o >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
@@ -169,10 +171,10 @@ static __global__ void __launch_bounds__(32 * MAX_GROUP)
             }
             score = dot * scale;
         }
-        float m_new = fmaxf(m, warp_max(score)); /* finite: key p0 is always valid */
+        float m_new = fmaxf(m, group_max<32>(score)); /* finite: key p0 is always valid */
         float corr = expf(m - m_new);
         float w = p0 + lane < end ? expf(score - m_new) : 0.0f;
-        l = l * corr + warp_sum(w);
+        l = l * corr + group_sum<32>(w);
 #pragma unroll
         for (int i = 0; i < D; i++)
             acc[i] *= corr;
@@ -260,26 +262,7 @@ static __device__ void split_range(int32_t pos, int32_t split, int32_t *lo, int3
 
 static __device__ __forceinline__ unsigned pack_bf16(float lo, float hi)
 {
-    return (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
-           (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16;
-}
-
-static __device__ __forceinline__ unsigned pack_bf16(__nv_bfloat16 lo, __nv_bfloat16 hi)
-{
-    return (unsigned)__bfloat16_as_ushort(lo) | (unsigned)__bfloat16_as_ushort(hi) << 16;
-}
-
-/* Sum over the 4 lanes of a quad (the lanes holding one MMA row): the same bits in all 4. */
-static __device__ __forceinline__ float quad_sum(float v)
-{
-    v += __shfl_xor_sync(0xffffffffu, v, 1);
-    return v + __shfl_xor_sync(0xffffffffu, v, 2);
-}
-
-static __device__ __forceinline__ float quad_max(float v)
-{
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+    return cllm_cuda_pack_bf16x2(__float2bfloat16_rn(lo), __float2bfloat16_rn(hi));
 }
 
 /* One query row of a lane: which token and head, its keys in this split, its softmax state. */
@@ -429,7 +412,7 @@ static __global__ void __launch_bounds__(MMA_WARPS * 32)
                         s[j][2 * i2 + e] = x;
                         mx = fmaxf(mx, x);
                     }
-                const float m_new = fmaxf(rw.m, quad_max(mx));
+                const float m_new = fmaxf(rw.m, group_max<4>(mx));
                 /* a row with no key yet keeps its state exactly (-inf - -inf would be NaN) */
                 corr[i2] = m_new == -INFINITY ? 1.0f : exp2f(rw.m - m_new);
                 float sum = 0.0f;
@@ -446,7 +429,7 @@ static __global__ void __launch_bounds__(MMA_WARPS * 32)
                         s[j][2 * i2 + e] = w;
                         sum += w;
                     }
-                rw.l = rw.l * corr[i2] + quad_sum(sum);
+                rw.l = rw.l * corr[i2] + group_sum<4>(sum);
                 rw.m = m_new;
             }
 #pragma unroll
@@ -465,8 +448,9 @@ static __global__ void __launch_bounds__(MMA_WARPS * 32)
 #pragma unroll
                 for (int n = 0; n < ND; n++) {
                     const int d = 8 * n + g;
-                    const unsigned vb[2] = {pack_bf16(vs[buf][key][d], vs[buf][key + 1][d]),
-                                            pack_bf16(vs[buf][key + 8][d], vs[buf][key + 9][d])};
+                    const unsigned vb[2] = {
+                        cllm_cuda_pack_bf16x2(vs[buf][key][d], vs[buf][key + 1][d]),
+                        cllm_cuda_pack_bf16x2(vs[buf][key + 8][d], vs[buf][key + 9][d])};
                     cllm_mma_bf16_16816(acc[n], pa, vb);
                 }
             }

@@ -74,10 +74,8 @@ static __device__ __forceinline__ uint4 load_x(const void *row, int32_t k, int32
     unsigned packed[4];
 #pragma unroll
     for (int i = 0; i < 4; i++)
-        packed[i] =
-            (unsigned)__bfloat16_as_ushort(cllm_cuda_silu_mul_one(gv[2 * i], uv[2 * i])) |
-            (unsigned)__bfloat16_as_ushort(cllm_cuda_silu_mul_one(gv[2 * i + 1], uv[2 * i + 1]))
-                << 16;
+        packed[i] = cllm_cuda_pack_bf16x2(cllm_cuda_silu_mul_one(gv[2 * i], uv[2 * i]),
+                                          cllm_cuda_silu_mul_one(gv[2 * i + 1], uv[2 * i + 1]));
     return make_uint4(packed[0], packed[1], packed[2], packed[3]);
 }
 

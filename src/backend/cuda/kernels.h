@@ -20,6 +20,12 @@ struct cllm_cuda_rope_freqs {
     float inv_freq[CLLM_CUDA_MAX_HALF_DIM]; /* computed on the host exactly as cpu/ref.c does */
 };
 
+/* Two BF16 as one 32-bit MMA operand register, lo in the low half (the PTX fragment order). */
+static __device__ __forceinline__ unsigned cllm_cuda_pack_bf16x2(__nv_bfloat16 lo, __nv_bfloat16 hi)
+{
+    return (unsigned)__bfloat16_as_ushort(lo) | (unsigned)__bfloat16_as_ushort(hi) << 16;
+}
+
 /* RoPE's cos and sin at position pos for frequency inv_freq, as cpu/ref.c rounds them (the
  * angle in F32, its sine and cosine in double), and the rotation of one rotate-half pair
  * (x1, x2) -> (x1 c - x2 s, x2 c + x1 s) without FMA contraction: shared by the RoPE kernel
