@@ -180,6 +180,12 @@ static enum cllm_status issue_gather(const struct op *o)
     return G->gather_rows(gpu, o->x, o->batch.pos, 1, 1, o->y);
 }
 
+/* A row that has no time: the op (or its replay) failed with st. */
+static void print_failed(const char *name, int32_t n, const char *what, enum cllm_status st)
+{
+    printf("  %-34s %5d  %s%s\n", name, (int)n, what, cllm_status_str(st));
+}
+
 static void print_row(const struct op *o, double us)
 {
     printf("  %-34s %5d %9.2f %9.1f %9.1f\n", o->name, (int)o->n, us, o->bytes / us * 1e-3,
@@ -199,7 +205,7 @@ static void time_op(const struct op *o)
         if (st == CLLM_OK)
             print_row(o, (now_s() - t0) * 1e6);
         else
-            printf("  %-34s %5d  %s\n", o->name, (int)o->n, cllm_status_str(st));
+            print_failed(o->name, o->n, "", st);
         return;
     }
     uint64_t key = next_key++;
@@ -213,7 +219,7 @@ static void time_op(const struct op *o)
     if (st == CLLM_OK)
         st = G->sync(gpu);
     if (st != CLLM_OK) {
-        printf("  %-34s %5d  %s\n", o->name, (int)o->n, cllm_status_str(st));
+        print_failed(o->name, o->n, "", st);
         return;
     }
     double t = 0.0;
@@ -235,7 +241,7 @@ static void time_op(const struct op *o)
         iters *= 4;
     }
     if (st != CLLM_OK)
-        printf("  %-34s %5d  replay: %s\n", o->name, (int)o->n, cllm_status_str(st));
+        print_failed(o->name, o->n, "replay: ", st);
     else
         print_row(o, t / (double)(iters * REPS) * 1e6);
 }
@@ -265,7 +271,7 @@ static void time_sample(int32_t n, float temperature)
     snprintf(name, sizeof name, "sample %s (eager, incl. sync)",
              temperature > 0 ? "top-k/top-p" : "greedy");
     if (st != CLLM_OK)
-        printf("  %-34s %5d  %s\n", name, (int)n, cllm_status_str(st));
+        print_failed(name, n, "", st);
     else
         printf("  %-34s %5d %9.2f %9.1f %9s\n", name, (int)n, us, (double)n * VOCAB * 4 / us * 1e-3,
                "-");
