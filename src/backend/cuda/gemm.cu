@@ -215,17 +215,37 @@ static __device__ void finish(const cllm_cuda_rope_store &r, const float (*part)
     }
 }
 
+/* The lane's W vectors (rows lo and hi) of chunks c .. c + UNROLL - 1, zeros from c1 on. */
+template <int UNROLL>
+static __device__ __forceinline__ void load_w_chunks(uint4 (&vl)[UNROLL], uint4 (&vh)[UNROLL],
+                                                     const __nv_bfloat16 *w_lo,
+                                                     const __nv_bfloat16 *w_hi, int32_t c,
+                                                     int32_t c1, int q, int32_t K)
+{
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++) {
+        const bool in = c + u < c1;
+        const int32_t k = (c + u) * CHUNK + q * 8;
+        vl[u] = load_vec(in ? w_lo : NULL, k, K);
+        vh[u] = load_vec(in ? w_hi : NULL, k, K);
+    }
+}
+
 /* Decode steps (n <= 8 NT tokens): block = 16 rows of W, warp s = slice s. Each warp streams
  * its part of the 16 rows once and applies it to every token; the slices meet in shared memory
- * and are summed in slice order, and EP says what becomes of the sums. */
+ * and are summed in slice order, and EP says what becomes of the sums.
+ *
+ * The first chunks of W are loaded BEFORE cllm_pdl_wait(): weights are never written by a
+ * kernel, so they may be read while the kernel before (a norm, the attention) still runs.
+ * With programmatic dependent launch that hides the small kernels between the GEMMs behind
+ * the weight stream; for many decode shapes (a slice of <= UNROLL chunks) it is all of the
+ * block's weights. Nothing else is touched before the wait (tests/tools/test_pdl_discipline.py). */
 template <int NT, bool SILU, class EP>
 static __global__ void __launch_bounds__(MAX_SLICES * 32)
     gemm_skinny(const __nv_bfloat16 *w, EP ep, int32_t N, int32_t K, const void *x, int32_t n,
                 float *y, int32_t ldy, int32_t S)
 {
-    cllm_pdl_wait();
-    constexpr int UNROLL = NT <= 2 ? 4 : 2;       /* chunks whose loads are issued together */
-    __shared__ float part[MAX_SLICES][NT][4][32]; /* [slice][token tile][element][lane] */
+    constexpr int UNROLL = NT <= 2 ? 4 : 2; /* chunks whose loads are issued together */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
     const int32_t chunks = (K + CHUNK - 1) / CHUNK;
     const int32_t c0 = slice_start(warp, chunks, S), c1 = slice_start(warp + 1, chunks, S);
@@ -233,6 +253,10 @@ static __global__ void __launch_bounds__(MAX_SLICES * 32)
     block_rows(ep, (int32_t)blockIdx.x, g, &row_lo, &row_hi);
     const __nv_bfloat16 *w_lo = row_lo < N ? w + (int64_t)row_lo * K : NULL;
     const __nv_bfloat16 *w_hi = row_hi < N ? w + (int64_t)row_hi * K : NULL;
+    uint4 vl[UNROLL], vh[UNROLL];
+    load_w_chunks<UNROLL>(vl, vh, w_lo, w_hi, c0, c1, q, K);
+    cllm_pdl_wait(); /* x, y and the epilogue's buffers from here on */
+    __shared__ float part[MAX_SLICES][NT][4][32]; /* [slice][token tile][element][lane] */
     const void *xr[NT];
     float acc[NT][4];
 #pragma unroll
@@ -241,16 +265,15 @@ static __global__ void __launch_bounds__(MAX_SLICES * 32)
         acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
     }
     for (int32_t c = c0; c < c1; c += UNROLL) {
-        uint4 vl[UNROLL], vh[UNROLL], vx[UNROLL][NT];
+        if (c != c0)
+            load_w_chunks<UNROLL>(vl, vh, w_lo, w_hi, c, c1, q, K);
+        uint4 vx[UNROLL][NT];
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
-            const bool in = c + u < c1;
             const int32_t k = (c + u) * CHUNK + q * 8;
-            vl[u] = load_vec(in ? w_lo : NULL, k, K);
-            vh[u] = load_vec(in ? w_hi : NULL, k, K);
 #pragma unroll
             for (int j = 0; j < NT; j++)
-                vx[u][j] = load_x<SILU>(in ? xr[j] : NULL, k, K);
+                vx[u][j] = load_x<SILU>(c + u < c1 ? xr[j] : NULL, k, K);
         }
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
