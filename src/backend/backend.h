@@ -164,6 +164,14 @@ struct cllm_backend_iface {
     enum cllm_status (*sample)(struct cllm_backend *be, const float *logits, int32_t n,
                                int32_t n_vocab, const struct cllm_sample_row *rows,
                                int32_t *tokens);
+    /* Optional (with sample; NULL: one draw at a time, written by sync): up to two draws may
+     * be queued; wait_draw blocks until the oldest one (and everything queued before it) is
+     * done and writes its tokens, CLLM_ERR_INVALID_ARG when none is queued. sync writes all. */
+    enum cllm_status (*wait_draw)(struct cllm_backend *be);
+    /* Optional (with wait_draw): queues tokens[i] = token k of the most recently queued draw
+     * for each tokens[i] = -1 - k < 0 (device I32 array of n), so a step can start from
+     * tokens the host has not seen yet. k past that draw's rows reads token 0. */
+    enum cllm_status (*resolve_tokens)(struct cllm_backend *be, int32_t *tokens, int32_t n);
     /* Optional (NULL: ops always run as issued): replay of recorded op sequences. If a
      * sequence was recorded under key, graph_begin launches it and sets *replayed; the
      * caller then issues nothing. Otherwise it starts recording (*replayed false): the caller

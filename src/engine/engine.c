@@ -3,12 +3,19 @@
  * thread moves them into the scheduler, runs a step, and delivers text through each request's
  * own lock. The model, KV cache and scheduler are touched by the engine thread only.
  *
- * Overlap: when the device samples (the step is queued and the host is free until it waits),
- * a step's tokens are appended at once (so EOS and length limits end a request before the
+ * Run-ahead: when the backend queues steps (a GPU), step N+1 is planned, laid out and launched
+ * while step N still runs, so the device never waits for the host between steps. A request
+ * sampled in step N gets a placeholder token at launch (request.h, n_unseen); step N+1 takes
+ * that token from step N's draw on the device (cllm_model_launch_sample's references), and the
+ * host writes it in when it waits for step N. A request whose step-N token ends it (EOS) has
+ * been computed once more by step N+1: that token is dropped with its placeholder. Length
+ * limits are known before the draw, so a request at its limit is never run ahead.
+ *
+ * Overlap: a step's tokens are written in (so EOS and length limits end a request before the
  * next step is planned) but their text -- detokenizing, stop strings, waking the submitter,
  * the costly part with hundreds of sequences -- is delivered while the device runs the next
- * step. A stop string found then ends a request that the running step still computes: that
- * one token is dropped, and the request leaves the scheduler before the step after.
+ * step. A stop string found then ends a request that launched steps still compute: their
+ * tokens are dropped, and the request leaves the scheduler before the next plan.
  */
 #include "engine/engine.h"
 
@@ -23,6 +30,19 @@
 #include "engine/scheduler.h"
 #include "model/model.h"
 
+/* A step launched and not yet waited for. Each request of its plan is retained: it may leave
+ * the scheduler (EOS, cancel) while the step runs. */
+struct launched {
+    struct cllm_sched_entry *entries; /* [max_seqs] the plan */
+    int32_t *tok_index;   /* [max_seqs] per entry: where its token goes in req->tokens, or -1 */
+    int32_t n_entries;
+    struct cllm_sample_row *rows; /* [max_seqs] how each output is drawn */
+    int32_t *sampled;             /* [max_seqs] the drawn tokens (-1: sample on the host) */
+    int32_t n_outputs;
+    bool caller_rows;             /* some outputs are sampled on the host (penalties) */
+    const float *logits;          /* without draws: the step's logits (host) */
+};
+
 struct cllm_engine {
     const struct cllm_model_files *mf;
     struct cllm_engine_config cfg;
@@ -34,13 +54,14 @@ struct cllm_engine {
 
     /* step arrays, [max_batch_tokens] / [max_seqs][max_blocks_per_seq] */
     int32_t *tokens, *pos, *seq, *slot, *outputs, *table;
-    float *logits_copy;           /* one row of logits for the sampler to scribble on */
-    struct cllm_sample_row *rows; /* [max_seqs] device sampling of each output */
-    int32_t *sampled;             /* [max_seqs] the device's tokens (-1: sample on the host) */
-    struct cllm_sched_entry *plan_copy; /* [max_seqs] */
-    struct pending_token *pending;      /* [max_seqs] tokens whose text is not delivered yet */
+    float *logits_copy; /* one row of logits for the sampler to scribble on */
+    struct launched flights[2]; /* launched steps, oldest first: flights[(head + i) % 2] */
+    int32_t n_flights, flight_head;
+    struct pending_token *pending; /* [max_seqs] tokens whose text is not delivered yet */
     int32_t n_pending;
-    bool overlap; /* deliver a step's text during the next step */
+    bool draws;     /* steps go through cllm_model_launch_sample (tokens drawn by the model) */
+    bool run_ahead; /* launch a step while the one before it runs */
+    bool overlap;   /* deliver a step's text during the next step */
 
     pthread_t thread;
     pthread_mutex_t lock;
@@ -110,10 +131,11 @@ static void end_request(struct cllm_engine *e, struct cllm_request *r, enum cllm
                         const char *error)
 {
     r->ended = true;
-    cllm_request_finish(r, why, error);
+    /* counted first: whoever sees the request finished sees it counted */
     pthread_mutex_lock(&e->lock);
     e->stats.requests_finished++;
     pthread_mutex_unlock(&e->lock);
+    cllm_request_finish(r, why, error);
 }
 
 static void finish(struct cllm_engine *e, struct cllm_request *r, enum cllm_finish_reason why,
@@ -179,7 +201,9 @@ static void drop_finished(struct cllm_engine *e)
 
 /* Lays the plan out as a model step. The block table is only as wide as the longest
  * sequence needs, rounded up to a power of two (so that recorded decode steps see few
- * widths): a step uploads kilobytes of table, not max_seqs x the whole context. */
+ * widths): a step uploads kilobytes of table, not max_seqs x the whole context. A token not
+ * known yet (the placeholder of a request the step in flight draws for) is a reference to
+ * that step's output. */
 static void build_step(struct cllm_engine *e, struct cllm_step *st)
 {
     const struct cllm_plan *p = &e->sched.plan;
@@ -192,9 +216,10 @@ static void build_step(struct cllm_engine *e, struct cllm_step *st)
     for (int32_t j = 0; j < p->n_entries; j++) {
         const struct cllm_sched_entry *en = &p->entries[j];
         const struct cllm_request *r = en->req;
+        int32_t known = r->n_tokens - r->n_unseen;
         for (int32_t k = 0; k < en->n_new; k++, n++) {
             int32_t pos = en->start + k;
-            e->tokens[n] = r->tokens[pos];
+            e->tokens[n] = pos < known ? r->tokens[pos] : -1 - r->unseen_output;
             e->pos[n] = pos;
             e->seq[n] = j;
             e->slot[n] = cllm_sched_slot(&e->sched, r, pos);
@@ -217,26 +242,29 @@ static bool samples_on_device(const struct cllm_sampling_params *p)
            p->frequency_penalty == 0.0f;
 }
 
-/* The device sampler's row for each output of the plan: the draw counter is the index of the
- * token being generated, so a request's draws never depend on what it is batched with. */
-static void build_sample_rows(struct cllm_engine *e)
+/* The draw of each output of the plan: the counter is the index of the token being
+ * generated, so a request's draws never depend on what it is batched with. Returns whether
+ * some output is the host's to sample. */
+static bool build_sample_rows(const struct cllm_plan *p, struct cllm_sample_row *rows)
 {
-    const struct cllm_plan *p = &e->sched.plan;
     int32_t out = 0;
+    bool host = false;
     for (int32_t j = 0; j < p->n_entries; j++) {
         if (!p->entries[j].sample)
             continue;
         const struct cllm_request *r = p->entries[j].req;
         const struct cllm_sampling_params *sp = &r->params.sampling;
-        struct cllm_sample_row *row = &e->rows[out++];
+        struct cllm_sample_row *row = &rows[out++];
         if (!samples_on_device(sp)) {
             *row = (struct cllm_sample_row){.temperature = -1.0f};
+            host = true;
             continue;
         }
         *row = (struct cllm_sample_row){sp->temperature, sp->top_k,
                                         sp->top_p,       sp->min_p,
                                         sp->seed,        (uint64_t)(r->n_tokens - r->n_prompt)};
     }
+    return host;
 }
 
 /* Ends every request the scheduler holds with an error. */
@@ -249,19 +277,49 @@ static void fail_all(struct cllm_engine *e, const char *msg)
         finish(e, s->waiting[s->wait_head], CLLM_FINISH_ERROR, msg);
 }
 
-/* A step that failed ends its requests with the error. If the device does not answer a sync
- * either, the error sticks (a CUDA illegal address, a lost GPU): nothing can run any more, so
- * every request ends, new ones are refused and the health check reports it, for the server
- * to be restarted. */
-static void step_failed(struct cllm_engine *e, enum cllm_status rc)
+static struct launched *flight_at(struct cllm_engine *e, int32_t i)
+{
+    return &e->flights[(e->flight_head + i) % 2];
+}
+
+static void fail_entries(struct cllm_engine *e, const struct cllm_sched_entry *en, int32_t n,
+                         const char *msg)
+{
+    for (int32_t j = n - 1; j >= 0; j--)
+        if (!en[j].req->ended)
+            finish(e, en[j].req, CLLM_FINISH_ERROR, msg);
+}
+
+/* Lets go of the oldest launched step's requests. */
+static void pop_flight(struct cllm_engine *e)
+{
+    struct launched *f = flight_at(e, 0);
+    for (int32_t j = 0; j < f->n_entries; j++)
+        cllm_request_release(f->entries[j].req);
+    f->n_entries = 0;
+    e->flight_head = (e->flight_head + 1) % 2;
+    e->n_flights--;
+}
+
+/* A launch or a wait failed: the requests of every launched step and of the plan (if
+ * `plan`) end with the error. If the device does not answer a sync either, the error sticks
+ * (a CUDA illegal address, a lost GPU): nothing can run any more, so every request ends,
+ * new ones are refused and the health check reports it, for the server to be restarted. */
+static void step_failed(struct cllm_engine *e, enum cllm_status rc, bool plan)
 {
     const struct cllm_plan *p = &e->sched.plan;
     char msg[96];
     snprintf(msg, sizeof msg, "the forward pass failed: %s", cllm_status_str(rc));
-    cllm_log(CLLM_LOG_ERROR, "%s (%d requests in the step)", msg, (int)p->n_entries);
-    for (int32_t j = p->n_entries - 1; j >= 0; j--)
-        if (!p->entries[j].req->ended)
-            finish(e, p->entries[j].req, CLLM_FINISH_ERROR, msg);
+    cllm_log(CLLM_LOG_ERROR, "%s (%d requests in the step)", msg,
+             (int)(plan ? p->n_entries : flight_at(e, 0)->n_entries));
+    if (e->draws)
+        cllm_model_drop_launched(e->model);
+    if (plan)
+        fail_entries(e, p->entries, p->n_entries, msg);
+    while (e->n_flights > 0) {
+        fail_entries(e, flight_at(e, 0)->entries, flight_at(e, 0)->n_entries, msg);
+        pop_flight(e);
+    }
     if (rc != CLLM_ERR_DEVICE || e->be->iface->sync(e->be) == CLLM_OK)
         return;
     char lost[sizeof e->lost];
@@ -275,74 +333,127 @@ static void step_failed(struct cllm_engine *e, enum cllm_status rc)
     fail_all(e, lost);
 }
 
-static void step(struct cllm_engine *e)
+/* Plans the next step and launches it. Then each request it samples gets a placeholder for
+ * its token; one that reaches its length limit with it leaves the scheduler at once (ended
+ * when its text goes out). Returns false when there was nothing to launch or it failed. */
+static bool launch_next(struct cllm_engine *e)
 {
     struct cllm_scheduler *s = &e->sched;
     cllm_scheduler_schedule(s);
     const struct cllm_plan *p = &s->plan;
-    if (p->n_entries == 0) {
-        deliver_pending(e);
-        return;
-    }
+    if (p->n_entries == 0)
+        return false;
+    struct launched *f = flight_at(e, e->n_flights);
     struct cllm_step st;
     build_step(e, &st);
-    const float *logits = NULL;
-    bool device_sampling = cllm_model_samples_on_device(e->model);
-    enum cllm_status rc;
-    if (device_sampling) {
-        build_sample_rows(e);
-        rc = cllm_model_launch_sample(e->model, &e->kv, &st, e->rows, e->sampled);
-        deliver_pending(e); /* while the device runs the step */
-        if (rc == CLLM_OK)
-            rc = cllm_model_wait_sample(e->model, e->rows, e->sampled, &logits);
-    } else {
-        deliver_pending(e); /* (only with overlap forced on: the CPU runs the step below) */
-        rc = cllm_model_forward(e->model, &e->kv, &st, &logits);
-    }
+    f->caller_rows = build_sample_rows(p, f->rows);
+    f->n_outputs = st.n_outputs;
+    f->logits = NULL;
+    enum cllm_status rc =
+        e->draws ? cllm_model_launch_sample(e->model, &e->kv, &st, f->rows, f->sampled)
+                 : cllm_model_forward(e->model, &e->kv, &st, &f->logits);
     if (rc) {
-        step_failed(e, rc);
-        return;
+        step_failed(e, rc, true);
+        return false;
     }
+    memcpy(f->entries, p->entries, (size_t)p->n_entries * sizeof f->entries[0]);
+    f->n_entries = p->n_entries;
+    e->n_flights++;
     cllm_scheduler_update(s);
-    int32_t n_prompt_tokens = 0, n_generated = 0;
-    /* Ending a request edits the scheduler, so walk a copy of the plan. */
-    struct cllm_sched_entry *done = e->plan_copy;
-    int32_t n_entries = p->n_entries, out = 0;
-    memcpy(done, p->entries, (size_t)n_entries * sizeof done[0]);
-    for (int32_t j = 0; j < n_entries; j++) {
-        struct cllm_request *r = done[j].req;
-        int32_t prompt_part = r->n_prompt - done[j].start;
-        if (prompt_part > 0)
-            n_prompt_tokens += prompt_part < done[j].n_new ? prompt_part : done[j].n_new;
-        if (!done[j].sample)
+    for (int32_t j = 0, out = 0; j < f->n_entries; j++) {
+        struct cllm_request *r = f->entries[j].req;
+        cllm_request_retain(r);
+        f->tok_index[j] = -1;
+        if (!f->entries[j].sample)
             continue;
-        int32_t i = out++, token = device_sampling ? e->sampled[i] : -1;
-        if (r->ended) /* a stop string ended it while this step ran */
-            continue;
-        if (token < 0) {
-            memcpy(e->logits_copy, logits + (int64_t)i * e->n_vocab,
-                   (size_t)e->n_vocab * sizeof(float));
-            token = cllm_sampler_sample(r->sampler, e->logits_copy);
-        }
-        if (token < 0 || cllm_request_append(r, token) != CLLM_OK) {
+        int32_t i = out++;
+        if (cllm_request_append(r, -1) != CLLM_OK) {
             finish(e, r, CLLM_FINISH_ERROR, "out of memory while sampling");
             continue;
         }
-        n_generated++;
-        bool at_limit = r->n_tokens >= r->max_total;
-        cllm_request_retain(r);
-        e->pending[e->n_pending++] = (struct pending_token){r, token, at_limit};
-        /* Nothing more to compute: out of the scheduler now, ended when its text goes out. */
-        if (at_limit || is_stop_id(r, token))
+        f->tok_index[j] = r->n_tokens - 1;
+        r->n_unseen++;
+        r->unseen_output = i;
+        if (r->n_tokens >= r->max_total)
             cllm_scheduler_remove(s, r);
     }
-    if (!e->overlap || (s->n_running == 0 && s->n_waiting == 0))
-        deliver_pending(e);
+    return true;
+}
+
+/* Waits for the oldest launched step and writes its tokens in; their text goes out later
+ * (deliver_pending). */
+static void finish_oldest(struct cllm_engine *e)
+{
+    struct cllm_scheduler *s = &e->sched;
+    struct launched *f = flight_at(e, 0);
+    const float *logits = f->logits;
+    enum cllm_status rc =
+        e->draws ? cllm_model_wait_sample(e->model, f->rows, f->sampled, &logits) : CLLM_OK;
+    if (rc) {
+        step_failed(e, rc, false);
+        return;
+    }
+    int32_t n_prompt_tokens = 0, n_generated = 0;
+    for (int32_t j = 0, out = 0; j < f->n_entries; j++) {
+        const struct cllm_sched_entry *en = &f->entries[j];
+        struct cllm_request *r = en->req;
+        int32_t prompt_part = r->n_prompt - en->start;
+        if (prompt_part > 0)
+            n_prompt_tokens += prompt_part < en->n_new ? prompt_part : en->n_new;
+        if (!en->sample)
+            continue;
+        int32_t i = out++, idx = f->tok_index[j];
+        /* ended (a stop string, a cancel) or dropped (an earlier token of it was EOS) */
+        if (r->ended || idx < 0 || idx >= r->n_tokens)
+            continue;
+        int32_t token = e->draws ? f->sampled[i] : -1;
+        if (token < 0) {
+            memcpy(e->logits_copy, logits + (int64_t)i * e->n_vocab,
+                   (size_t)e->n_vocab * sizeof(float));
+            if ((token = cllm_sampler_sample(r->sampler, e->logits_copy)) < 0) {
+                finish(e, r, CLLM_FINISH_ERROR, "out of memory while sampling");
+                continue;
+            }
+        }
+        r->tokens[idx] = token;
+        r->n_unseen--;
+        cllm_scheduler_publish(s, r);
+        n_generated++;
+        bool at_limit = idx + 1 >= r->max_total;
+        cllm_request_retain(r);
+        e->pending[e->n_pending++] = (struct pending_token){r, token, at_limit};
+        if (is_stop_id(r, token)) {
+            /* Nothing more to compute: what later steps drew for it goes. */
+            cllm_scheduler_remove(s, r);
+            r->n_tokens = idx + 1;
+            r->n_unseen = 0;
+        }
+    }
+    pop_flight(e);
     pthread_mutex_lock(&e->lock);
     e->stats.steps++;
     e->stats.prompt_tokens += (uint64_t)n_prompt_tokens;
     e->stats.generated_tokens += (uint64_t)n_generated;
     pthread_mutex_unlock(&e->lock);
+}
+
+/* One turn of the engine: launch the next step (while the last one runs, with run-ahead),
+ * deliver the text of the tokens seen so far, then wait for the oldest step. */
+static void step(struct cllm_engine *e)
+{
+    bool may_launch = e->n_flights == 0 ||
+                      (e->run_ahead && e->n_flights == 1 && !flight_at(e, 0)->caller_rows);
+    bool launched = may_launch && launch_next(e);
+    if (e->overlap || e->n_flights == 0)
+        deliver_pending(e); /* while the device runs (a CPU ran its step already) */
+    if (e->n_flights == 0)
+        return;
+    if (e->run_ahead && launched && e->n_flights == 1)
+        return; /* the next turn launches the step after this one before waiting for it */
+    finish_oldest(e);
+    struct cllm_scheduler *s = &e->sched;
+    if (!e->overlap || (s->n_running == 0 && s->n_waiting == 0 && e->n_flights == 0))
+        deliver_pending(e);
 }
 
 static void publish_stats(struct cllm_engine *e)
@@ -361,10 +472,11 @@ static void *engine_main(void *arg)
 {
     struct cllm_engine *e = arg;
     for (;;) {
-        if (e->sched.n_running == 0 && e->sched.n_waiting == 0)
+        bool idle = e->sched.n_running == 0 && e->sched.n_waiting == 0 && e->n_flights == 0;
+        if (idle)
             deliver_pending(e); /* before sleeping: nothing may stay undelivered */
         pthread_mutex_lock(&e->lock);
-        while (!e->stop && !e->incoming_head && e->sched.n_running == 0 && e->sched.n_waiting == 0)
+        while (!e->stop && !e->incoming_head && idle)
             pthread_cond_wait(&e->wake, &e->lock);
         bool stop = e->stop;
         pthread_mutex_unlock(&e->lock);
@@ -380,6 +492,8 @@ static void *engine_main(void *arg)
         publish_stats(e);
     }
     /* Shutting down: everything left is cancelled, so no submitter waits forever. */
+    while (e->n_flights > 0)
+        finish_oldest(e);
     deliver_pending(e);
     drop_finished(e);
     while (e->sched.n_running > 0)
@@ -441,10 +555,11 @@ static void release(struct cllm_engine *e)
     cllm_backend_free(e->be);
     free(e->tokens), free(e->pos), free(e->seq), free(e->slot), free(e->outputs), free(e->table);
     free(e->logits_copy);
-    free(e->rows);
-    free(e->sampled);
+    for (int i = 0; i < 2; i++) {
+        struct launched *f = &e->flights[i];
+        free(f->entries), free(f->tok_index), free(f->rows), free(f->sampled);
+    }
     free(e->pending);
-    free(e->plan_copy);
     pthread_mutex_destroy(&e->lock);
     pthread_cond_destroy(&e->wake);
     free(e);
@@ -522,26 +637,37 @@ enum cllm_status cllm_engine_new(struct cllm_engine **out, const struct cllm_mod
     e->table =
         cllm_malloc_array((size_t)cfg->max_seqs * (size_t)e->max_blocks_per_seq, sizeof(int32_t));
     e->logits_copy = cllm_malloc_array((size_t)e->n_vocab, sizeof(float));
-    e->plan_copy = cllm_malloc_array((size_t)cfg->max_seqs, sizeof *e->plan_copy);
-    e->rows = cllm_malloc_array((size_t)cfg->max_seqs, sizeof *e->rows);
-    e->sampled = cllm_malloc_array((size_t)cfg->max_seqs, sizeof *e->sampled);
+    /* pending: one step's tokens at most (delivered before the next step's are seen) */
     e->pending = cllm_malloc_array((size_t)cfg->max_seqs, sizeof *e->pending);
+    bool flights_ok = true;
+    for (int i = 0; i < 2; i++) {
+        struct launched *f = &e->flights[i];
+        size_t S = (size_t)cfg->max_seqs;
+        f->entries = cllm_malloc_array(S, sizeof *f->entries);
+        f->tok_index = cllm_malloc_array(S, sizeof *f->tok_index);
+        f->rows = cllm_malloc_array(S, sizeof *f->rows);
+        f->sampled = cllm_malloc_array(S, sizeof *f->sampled);
+        flights_ok &= f->entries && f->tok_index && f->rows && f->sampled;
+    }
     if (!e->tokens || !e->pos || !e->seq || !e->slot || !e->outputs || !e->table ||
-        !e->logits_copy || !e->plan_copy || !e->rows || !e->sampled || !e->pending) {
+        !e->logits_copy || !e->pending || !flights_ok) {
         st = cllm_fail(err, err_len, CLLM_ERR_NOMEM, "out of memory");
         goto fail;
     }
+    e->draws = cllm_model_samples_on_device(e->model) || cfg->run_ahead > 0;
+    e->run_ahead = e->draws && (cfg->run_ahead > 0 ||
+                                (cfg->run_ahead == 0 && cllm_model_queues_steps(e->model)));
     e->overlap = cfg->overlap > 0 || (cfg->overlap == 0 && cllm_model_samples_on_device(e->model));
     e->stats.kv_blocks_total = (int32_t)n_blocks;
     e->stats.block_size = cfg->block_size;
     e->stats.n_ctx = e->n_ctx;
     cllm_log(CLLM_LOG_INFO,
              "engine: %s backend, KV cache %d blocks x %d tokens (%.0f MiB, %d tokens), context "
-             "%d, %d tokens/step, %d sequences",
+             "%d, %d tokens/step, %d sequences, run-ahead %s",
              e->be->iface->name, (int)n_blocks, (int)cfg->block_size,
              (double)(n_blocks * cfg->block_size * per_token) / (1 << 20),
              (int)(n_blocks * cfg->block_size), (int)e->n_ctx, (int)cfg->max_batch_tokens,
-             (int)cfg->max_seqs);
+             (int)cfg->max_seqs, e->run_ahead ? "on" : "off");
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         st = cllm_fail(err, err_len, CLLM_ERR_NOMEM, "cannot start the engine thread");
         goto fail;

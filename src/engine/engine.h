@@ -29,6 +29,9 @@ struct cllm_engine_config {
     bool prefix_cache;        /* share full blocks between requests with equal prefixes */
     int32_t overlap;          /* deliver a step's text while the next step runs (engine.c):
                                  0 = when the device samples, 1 = always (tests), -1 = never */
+    int32_t run_ahead;        /* launch step N+1 before step N's tokens are seen (engine.c):
+                                 0 = when the backend queues steps (GPU), 1 = always (tests:
+                                 the CPU draws as a device would), -1 = never */
 };
 
 void cllm_engine_config_default(struct cllm_engine_config *c);

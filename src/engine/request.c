@@ -122,6 +122,11 @@ enum cllm_status cllm_request_append(struct cllm_request *r, int32_t token)
     return CLLM_OK;
 }
 
+int32_t cllm_request_n_generated(const struct cllm_request *r)
+{
+    return r->n_tokens - r->n_unseen - r->n_prompt;
+}
+
 void cllm_request_cancel(struct cllm_request *r)
 {
     pthread_mutex_lock(&r->lock);
@@ -171,7 +176,7 @@ void cllm_request_emit(struct cllm_request *r, const char *text, size_t len, int
     pthread_mutex_lock(&r->lock);
     if (len)
         cllm_buf_append(&r->out.text, text, len);
-    int32_t generated = r->n_tokens - r->n_prompt;
+    int32_t generated = cllm_request_n_generated(r);
     double now = cllm_now();
     if (generated > r->out.n_generated) {
         if (r->n_token_times == r->cap_token_times) {
@@ -199,7 +204,7 @@ void cllm_request_finish(struct cllm_request *r, enum cllm_finish_reason reason,
     if (!r->out.finished) {
         r->out.finished = true;
         r->out.reason = reason;
-        r->out.n_generated = r->n_tokens - r->n_prompt;
+        r->out.n_generated = cllm_request_n_generated(r);
         r->out.t_finish = cllm_now();
         if (error)
             snprintf(r->out.error, sizeof r->out.error, "%s", error);

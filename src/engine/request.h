@@ -72,6 +72,9 @@ struct cllm_request {
     /* engine thread */
     int32_t *tokens;            /* prompt then generated tokens */
     int32_t n_tokens, cap_tokens;
+    int32_t n_unseen;           /* the last n_unseen tokens are drawn by launched steps and not
+                                   known on the host yet (placeholders; engine.c, "Run-ahead") */
+    int32_t unseen_output;      /* the newest launched step's output that draws the last one */
     int32_t n_computed;         /* tokens whose K/V are in the cache */
     int32_t *blocks;            /* block table */
     int32_t n_blocks, cap_blocks;
@@ -106,6 +109,8 @@ void cllm_request_release(struct cllm_request *r);
 
 /* Appends a token (engine thread). */
 enum cllm_status cllm_request_append(struct cllm_request *r, int32_t token);
+/* Generated tokens the host knows (engine thread). */
+int32_t cllm_request_n_generated(const struct cllm_request *r);
 
 /* Asks the engine to stop the request; it finishes with CLLM_FINISH_CANCELLED within a step. */
 void cllm_request_cancel(struct cllm_request *r);

@@ -246,21 +246,26 @@ void cllm_scheduler_schedule(struct cllm_scheduler *s)
     }
 }
 
+void cllm_scheduler_publish(struct cllm_scheduler *s, struct cllm_request *r)
+{
+    int32_t bs = s->pool.block_size, known = r->n_tokens - r->n_unseen;
+    int32_t end = r->n_computed < known ? r->n_computed : known;
+    if (!s->prefix_cache || r->state != CLLM_REQ_RUNNING)
+        return;
+    while ((r->n_hashed + 1) * bs <= end) {
+        int32_t b = r->n_hashed;
+        uint64_t parent = b ? r->block_hashes[b - 1] : 0;
+        r->block_hashes[b] = cllm_block_hash(parent, r->tokens + (int64_t)b * bs, bs);
+        cllm_block_pool_publish(&s->pool, r->blocks[b], r->block_hashes[b]);
+        r->n_hashed++;
+    }
+}
+
 void cllm_scheduler_update(struct cllm_scheduler *s)
 {
-    int32_t bs = s->pool.block_size;
     for (int32_t i = 0; i < s->plan.n_entries; i++) {
         struct cllm_sched_entry *e = &s->plan.entries[i];
-        struct cllm_request *r = e->req;
-        r->n_computed = e->start + e->n_new;
-        if (!s->prefix_cache)
-            continue;
-        while ((r->n_hashed + 1) * bs <= r->n_computed) {
-            int32_t b = r->n_hashed;
-            uint64_t parent = b ? r->block_hashes[b - 1] : 0;
-            r->block_hashes[b] = cllm_block_hash(parent, r->tokens + (int64_t)b * bs, bs);
-            cllm_block_pool_publish(&s->pool, r->blocks[b], r->block_hashes[b]);
-            r->n_hashed++;
-        }
+        e->req->n_computed = e->start + e->n_new;
+        cllm_scheduler_publish(s, e->req);
     }
 }

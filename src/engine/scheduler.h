@@ -59,8 +59,12 @@ void cllm_scheduler_remove(struct cllm_scheduler *s, struct cllm_request *r);
 
 /* Plans the next step into s->plan (empty when there is nothing to do). */
 void cllm_scheduler_schedule(struct cllm_scheduler *s);
-/* After the step ran: advances n_computed and publishes newly full blocks to the prefix cache. */
+/* Once the planned step is launched: advances n_computed and publishes newly full blocks to
+ * the prefix cache. A block is published only when all its tokens are known (a launched
+ * step's token is not until the host has seen it: request.h, n_unseen). */
 void cllm_scheduler_update(struct cllm_scheduler *s);
+/* Publishes r's full blocks whose tokens have become known since. */
+void cllm_scheduler_publish(struct cllm_scheduler *s, struct cllm_request *r);
 
 /* KV slot of position pos of a running request. */
 static inline int32_t cllm_sched_slot(const struct cllm_scheduler *s, const struct cllm_request *r,

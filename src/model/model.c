@@ -21,6 +21,7 @@
 
 #include "core/log.h"
 #include "core/status.h"
+#include "sampling/sampling.h"
 
 /* A projection: one stacked weight when the backend can stack, else its parts. */
 struct proj {
@@ -57,7 +58,15 @@ struct cllm_model {
     void *attn_scratch;     /* the backend's attention workspace, or NULL */
     float *logits_host;
     struct cllm_sample_row *rows; /* [max_outputs] what the device sampler is given */
-    int32_t launched_outputs;     /* outputs of the step cllm_model_launch_sample queued */
+    /* steps queued by cllm_model_launch_sample, oldest first: flights[(head + i) % 2] */
+    struct flight {
+        int32_t n_outputs;
+        bool caller_rows; /* some rows are the caller's: their logits are downloaded */
+        int32_t *tokens;  /* the caller's array the wait fills */
+        int32_t *drawn;   /* [max_outputs] tokens drawn on the host (backends without sample) */
+    } flights[2];
+    int32_t n_flights, flight_head;
+    int32_t *resolved; /* [max_tokens] a step's tokens with the references filled in (host) */
     /* step index arrays: device copy and the host staging of padded steps */
     int32_t *step_i32;
     size_t step_i32_cap;
@@ -221,7 +230,11 @@ enum cllm_status cllm_model_init(struct cllm_model **out, const struct cllm_mode
     }
     m->logits_host = malloc((size_t)(O * hp->n_vocab) * sizeof(float));
     m->rows = calloc((size_t)O, sizeof *m->rows);
-    if (!m->logits_host || !m->rows) {
+    m->flights[0].drawn = calloc((size_t)O, sizeof(int32_t));
+    m->flights[1].drawn = calloc((size_t)O, sizeof(int32_t));
+    m->resolved = calloc((size_t)T, sizeof(int32_t));
+    if (!m->logits_host || !m->rows || !m->flights[0].drawn || !m->flights[1].drawn ||
+        !m->resolved) {
         st = cllm_fail(err, err_len, CLLM_ERR_NOMEM, "cannot allocate logits");
         goto fail;
     }
@@ -270,6 +283,9 @@ void cllm_model_free(struct cllm_model *m)
     free(m->pad_i32);
     free(m->step_host);
     free(m->rows);
+    free(m->flights[0].drawn);
+    free(m->flights[1].drawn);
+    free(m->resolved);
     free(m->logits_host);
     free(m->layers);
     free(m);
@@ -334,15 +350,17 @@ void cllm_kv_cache_free(struct cllm_kv_cache *kv, const struct cllm_model *m)
 }
 
 /* Rejects a step the ops could not run safely. */
+/* A step's tokens may be references to outputs of the step queued just before it (see
+ * cllm_model_launch_sample): -1 - k for its output k, with k < n_refs. */
 static enum cllm_status check_step(const struct cllm_model *m, const struct cllm_kv_cache *kv,
-                                   const struct cllm_step *s)
+                                   const struct cllm_step *s, int32_t n_refs)
 {
     if (s->n_tokens < 1 || s->n_tokens > m->max_tokens || s->n_outputs < 0 ||
         s->n_outputs > m->max_outputs || s->n_seqs < 1 || s->max_blocks < 1)
         return CLLM_ERR_INVALID_ARG;
     int64_t n_slots = (int64_t)kv->n_blocks * kv->block_size;
     for (int32_t t = 0; t < s->n_tokens; t++) {
-        if (s->tokens[t] < 0 || s->tokens[t] >= m->hp.n_vocab || s->seq[t] < 0 ||
+        if (s->tokens[t] < -n_refs || s->tokens[t] >= m->hp.n_vocab || s->seq[t] < 0 ||
             s->seq[t] >= s->n_seqs || s->pos[t] < 0 || s->slot[t] < 0 || s->slot[t] >= n_slots ||
             s->pos[t] / kv->block_size >= s->max_blocks)
             return CLLM_ERR_RANGE;
@@ -565,9 +583,10 @@ static uint64_t mix64(uint64_t h, uint64_t v)
 }
 
 /* Runs the ops of a checked step (logits left on the device): recorded and replayed for
- * padded decode steps, issued one by one otherwise. */
+ * padded decode steps, issued one by one otherwise. With `resolve`, the backend replaces the
+ * references among the tokens by the last draw's tokens once they are on the device. */
 static enum cllm_status run_step(struct cllm_model *m, struct cllm_kv_cache *kv,
-                                 const struct cllm_step *step)
+                                 const struct cllm_step *step, bool resolve)
 {
     enum cllm_status st;
     int32_t bucket = graph_bucket(m, step);
@@ -575,6 +594,8 @@ static enum cllm_status run_step(struct cllm_model *m, struct cllm_kv_cache *kv,
     if (bucket && (st = pad_step(m, step, bucket, &padded)))
         return st;
     if ((st = upload_step(m, bucket ? &padded : step, &s)))
+        return st;
+    if (resolve && (st = m->be->iface->resolve_tokens(m->be, (int32_t *)s.tokens, s.n_tokens)))
         return st;
     int32_t max_len = 0;
     for (int32_t t = 0; t < step->n_tokens; t++)
@@ -612,19 +633,29 @@ static enum cllm_status run_step(struct cllm_model *m, struct cllm_kv_cache *kv,
     return issue_ops(m, kv, &s, &ab);
 }
 
-enum cllm_status cllm_model_forward(struct cllm_model *m, struct cllm_kv_cache *kv,
-                                    const struct cllm_step *step, const float **logits)
+/* Runs a checked step to the end and brings its logits to m->logits_host. */
+static enum cllm_status forward_checked(struct cllm_model *m, struct cllm_kv_cache *kv,
+                                        const struct cllm_step *step)
 {
-    *logits = NULL;
-    enum cllm_status st = check_step(m, kv, step);
-    if (st || (st = run_step(m, kv, step)))
+    enum cllm_status st = run_step(m, kv, step, false);
+    if (st)
         return st;
     const struct cllm_backend_iface *be = m->be->iface;
     if (step->n_outputs > 0 &&
         (st = be->download(m->be, m->logits_host, m->logits_dev,
                            (size_t)step->n_outputs * (size_t)m->hp.n_vocab * sizeof(float))))
         return st;
-    if ((st = be->sync(m->be)))
+    return be->sync(m->be);
+}
+
+enum cllm_status cllm_model_forward(struct cllm_model *m, struct cllm_kv_cache *kv,
+                                    const struct cllm_step *step, const float **logits)
+{
+    *logits = NULL;
+    if (m->n_flights > 0)
+        return CLLM_ERR_INVALID_ARG; /* launched steps are waited for first */
+    enum cllm_status st = check_step(m, kv, step, 0);
+    if (st || (st = forward_checked(m, kv, step)))
         return st;
     *logits = m->logits_host;
     return CLLM_OK;
@@ -635,24 +666,108 @@ bool cllm_model_samples_on_device(const struct cllm_model *m)
     return m->be->iface->sample != NULL;
 }
 
+bool cllm_model_queues_steps(const struct cllm_model *m)
+{
+    const struct cllm_backend_iface *be = m->be->iface;
+    return be->sample && be->wait_draw && be->resolve_tokens;
+}
+
+/* A row drawn on the host as the device sampler would draw it: argmax when greedy, else the
+ * host sampler's processors with a generator seeded by (seed, counter) alone. */
+static int32_t draw_on_host(const struct cllm_sample_row *row, float *logits, int32_t V)
+{
+    struct cllm_sampling_params p;
+    cllm_sampling_params_default(&p);
+    if (row->temperature > 0.0f) {
+        p.temperature = row->temperature;
+        p.top_k = row->top_k;
+        p.top_p = row->top_p;
+        p.min_p = row->min_p;
+        p.seed = mix64(row->seed, row->counter);
+    }
+    struct cllm_sampler *smp = NULL;
+    if (cllm_sampler_new(&smp, &p, V, NULL, 0))
+        return -1;
+    int32_t token = cllm_sampler_sample(smp, logits);
+    cllm_sampler_free(smp);
+    return token;
+}
+
+static struct flight *flight_at(struct cllm_model *m, int32_t i)
+{
+    return &m->flights[(m->flight_head + i) % 2];
+}
+
+/* Without a device sampler the step runs now and its rows are drawn on the host: the queue
+ * then only orders what the caller sees, exactly as a device would. */
+static enum cllm_status run_and_draw_on_host(struct cllm_model *m, struct cllm_kv_cache *kv,
+                                             const struct cllm_step *step,
+                                             const struct cllm_sample_row *rows, struct flight *f)
+{
+    struct cllm_step s = *step;
+    if (m->n_flights > 0) { /* references to the previous step: its tokens are known here */
+        const int32_t *prev = flight_at(m, m->n_flights - 1)->drawn;
+        for (int32_t t = 0; t < step->n_tokens; t++)
+            m->resolved[t] = step->tokens[t] < 0 ? prev[-1 - step->tokens[t]] : step->tokens[t];
+        s.tokens = m->resolved;
+    }
+    enum cllm_status st = forward_checked(m, kv, &s);
+    size_t V = (size_t)m->hp.n_vocab;
+    float *scratch = NULL; /* a row's copy: the caller's rows of logits stay as they are */
+    for (int32_t i = 0; st == CLLM_OK && i < step->n_outputs; i++) {
+        f->drawn[i] = -1;
+        if (rows[i].temperature < 0.0f)
+            continue;
+        if (!scratch && !(scratch = malloc(V * sizeof *scratch)))
+            st = CLLM_ERR_NOMEM;
+        else {
+            memcpy(scratch, m->logits_host + (size_t)i * V, V * sizeof *scratch);
+            if ((f->drawn[i] = draw_on_host(&rows[i], scratch, (int32_t)V)) < 0)
+                st = CLLM_ERR_NOMEM;
+        }
+    }
+    free(scratch);
+    return st;
+}
+
 enum cllm_status cllm_model_launch_sample(struct cllm_model *m, struct cllm_kv_cache *kv,
                                           const struct cllm_step *step,
                                           const struct cllm_sample_row *rows, int32_t *tokens)
 {
     const struct cllm_backend_iface *be = m->be->iface;
-    m->launched_outputs = 0;
-    if (!be->sample)
-        return CLLM_ERR_UNSUPPORTED;
-    enum cllm_status st = check_step(m, kv, step);
-    if (st || (st = run_step(m, kv, step)))
+    bool on_device = be->sample != NULL;
+    if (m->n_flights >= (!on_device || cllm_model_queues_steps(m) ? 2 : 1))
+        return CLLM_ERR_INVALID_ARG;
+    const struct flight *prev = m->n_flights ? flight_at(m, m->n_flights - 1) : NULL;
+    if (prev && prev->caller_rows) /* its logits are still to be downloaded */
+        return CLLM_ERR_INVALID_ARG;
+    enum cllm_status st = check_step(m, kv, step, prev ? prev->n_outputs : 0);
+    if (st)
         return st;
+    struct flight *f = flight_at(m, m->n_flights);
     int32_t n = step->n_outputs;
+    *f = (struct flight){n, false, tokens, f->drawn};
+    for (int32_t i = 0; i < n; i++)
+        f->caller_rows |= rows[i].temperature < 0.0f;
+    if (!on_device) {
+        if ((st = run_and_draw_on_host(m, kv, step, rows, f)))
+            return st;
+        m->n_flights++;
+        return CLLM_OK;
+    }
+    bool refs = false;
+    for (int32_t t = 0; t < step->n_tokens && !refs; t++)
+        refs = step->tokens[t] < 0;
+    if ((st = run_step(m, kv, step, refs)))
+        return st;
     memcpy(m->rows, rows, (size_t)n * sizeof *rows);
     for (int32_t i = 0; i < n; i++)
         if (rows[i].temperature < 0.0f) /* the caller's row: any cheap draw will do */
             m->rows[i] = (struct cllm_sample_row){0};
-    m->launched_outputs = n;
-    return n > 0 ? be->sample(m->be, m->logits_dev, n, m->hp.n_vocab, m->rows, tokens) : CLLM_OK;
+    if (n > 0 && (st = be->sample(m->be, m->logits_dev, n, m->hp.n_vocab, m->rows, tokens)))
+        return st;
+    m->n_flights++;
+    return CLLM_OK;
 }
 
 enum cllm_status cllm_model_wait_sample(struct cllm_model *m, const struct cllm_sample_row *rows,
@@ -660,12 +775,28 @@ enum cllm_status cllm_model_wait_sample(struct cllm_model *m, const struct cllm_
 {
     *logits = NULL;
     const struct cllm_backend_iface *be = m->be->iface;
-    enum cllm_status st = be->sync(m->be);
+    if (m->n_flights == 0)
+        return CLLM_ERR_INVALID_ARG;
+    struct flight *f = flight_at(m, 0);
+    if (f->tokens != tokens)
+        return CLLM_ERR_INVALID_ARG; /* not the oldest step's */
+    m->flight_head = (m->flight_head + 1) % 2;
+    m->n_flights--;
+    enum cllm_status st = CLLM_OK;
+    if (!be->sample) {
+        memcpy(tokens, f->drawn, (size_t)f->n_outputs * sizeof *tokens);
+        *logits = m->logits_host;
+        return CLLM_OK;
+    }
+    if (f->n_outputs > 0 && be->wait_draw)
+        st = be->wait_draw(m->be);
+    else if (f->n_outputs > 0 || m->n_flights == 0)
+        st = be->sync(m->be); /* (no draw queued: nothing to fill, errors still surface) */
     if (st)
         return st;
     size_t V = (size_t)m->hp.n_vocab;
     bool downloaded = false; /* the caller's rows, for its own sampler */
-    for (int32_t i = 0; i < m->launched_outputs; i++) {
+    for (int32_t i = 0; i < f->n_outputs; i++) {
         if (rows[i].temperature >= 0.0f)
             continue;
         tokens[i] = -1;
@@ -678,6 +809,13 @@ enum cllm_status cllm_model_wait_sample(struct cllm_model *m, const struct cllm_
         return st;
     *logits = m->logits_host;
     return CLLM_OK;
+}
+
+void cllm_model_drop_launched(struct cllm_model *m)
+{
+    if (m->n_flights > 0 && m->be->iface->sample)
+        (void)m->be->iface->sync(m->be); /* the failure is the caller's already */
+    m->n_flights = 0;
 }
 
 enum cllm_status cllm_model_forward_sample(struct cllm_model *m, struct cllm_kv_cache *kv,

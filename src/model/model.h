@@ -77,11 +77,27 @@ enum cllm_status cllm_model_forward_sample(struct cllm_model *m, struct cllm_kv_
 /* cllm_model_forward_sample in two halves, so the host can work while the device runs the
  * step: launch queues it and returns; wait (with the same rows and tokens, which must stay
  * valid in between) blocks until tokens and *logits are filled. Nothing else may use the
- * model or its backend in between. */
+ * model or its backend in between.
+ *
+ * Two steps may be in flight (waited for in launch order) when cllm_model_queues_steps, or
+ * on a backend without a device sampler, where launch runs the step at once and draws its
+ * rows on the host as the device would (argmax, or the processors with a (seed, counter)
+ * generator). The second step's tokens may then name outputs of the first, not known on the
+ * host yet: -1 - k stands for the first step's output k. A step whose rows include the
+ * caller's (temperature < 0: logits to download) cannot have a second step behind it.
+ * Without a device sampler, launch returns the step's own errors at once. */
 enum cllm_status cllm_model_launch_sample(struct cllm_model *m, struct cllm_kv_cache *kv,
                                           const struct cllm_step *step,
                                           const struct cllm_sample_row *rows, int32_t *tokens);
 enum cllm_status cllm_model_wait_sample(struct cllm_model *m, const struct cllm_sample_row *rows,
                                         int32_t *tokens, const float **logits);
+
+/* True if the backend queues steps: a second step can be launched, taking tokens from the
+ * first one's draw on the device, while the first one runs. */
+bool cllm_model_queues_steps(const struct cllm_model *m);
+
+/* After a failed launch or wait: waits for the device, then forgets every launched step
+ * (their tokens are never filled). */
+void cllm_model_drop_launched(struct cllm_model *m);
 
 #endif

@@ -5,6 +5,10 @@
  *     preemption and recomputation;
  *   - the same with the text of each step delivered during the next one (overlap forced on, as
  *     on a GPU), including a stop string that ends a request while a step computes it;
+ *   - the same with run-ahead forced on (step N+1 launched before step N's tokens are seen,
+ *     as on a GPU; the CPU draws the tokens as a device would): same answers and token counts,
+ *     also when an EOS token or a stop string ends a request that the next step already
+ *     computes, and under preemption;
  *   - cancellation frees the request's KV blocks within a step;
  *   - prompts beyond the context window and a full queue are refused with clear errors.
  */
@@ -55,8 +59,10 @@ static void params(struct cllm_request_params *p, int32_t max_tokens)
     p->stop_ids[p->n_stop_ids++] = 151645;
 }
 
-/* Runs questions [0, n) with at most `together` in flight; answers[i] gets the text. */
-static void run(struct cllm_engine *e, int n, int together, struct cllm_buf *answers)
+/* Runs questions [0, n) with at most `together` in flight; answers[i] gets the text and
+ * (when n_gen is not NULL) n_gen[i] the tokens generated. */
+static void run_counted(struct cllm_engine *e, int n, int together, struct cllm_buf *answers,
+                        int32_t *n_gen)
 {
     struct cllm_request *reqs[N_Q] = {0};
     struct cllm_request_output outs[N_Q];
@@ -76,13 +82,21 @@ static void run(struct cllm_engine *e, int n, int together, struct cllm_buf *ans
                 ;
             CHECK(outs[i].reason == CLLM_FINISH_STOP || outs[i].reason == CLLM_FINISH_LENGTH);
             answers[i] = outs[i].text;
+            if (n_gen)
+                n_gen[i] = outs[i].n_generated;
             cllm_request_release(reqs[i]);
         }
     }
 }
 
-static struct cllm_engine *engine_overlap(int64_t kv_bytes, int32_t batch_tokens,
-                                          int32_t n_ctx, int32_t max_queue, int32_t overlap)
+static void run(struct cllm_engine *e, int n, int together, struct cllm_buf *answers)
+{
+    run_counted(e, n, together, answers, NULL);
+}
+
+/* overlap and run_ahead as in cllm_engine_config: 1 forces them on, -1 off. */
+static struct cllm_engine *engine_modes(int64_t kv_bytes, int32_t batch_tokens, int32_t n_ctx,
+                                        int32_t max_queue, int32_t overlap, int32_t run_ahead)
 {
     struct cllm_engine_config c;
     cllm_engine_config_default(&c);
@@ -93,10 +107,17 @@ static struct cllm_engine *engine_overlap(int64_t kv_bytes, int32_t batch_tokens
     c.n_ctx = n_ctx;
     c.max_queue = max_queue;
     c.overlap = overlap;
+    c.run_ahead = run_ahead;
     char err[512];
     struct cllm_engine *e = NULL;
     CHECKF(cllm_engine_new(&e, mf, &c, err, sizeof err) == CLLM_OK, "%s", err);
     return e;
+}
+
+static struct cllm_engine *engine_overlap(int64_t kv_bytes, int32_t batch_tokens,
+                                          int32_t n_ctx, int32_t max_queue, int32_t overlap)
+{
+    return engine_modes(kv_bytes, batch_tokens, n_ctx, max_queue, overlap, -1);
 }
 
 /* The CPU's default: each step's text delivered right after it. */
@@ -133,8 +154,10 @@ static void test_stop_string(const struct cllm_buf *alone)
     char stop[5] = {0};
     memcpy(stop, a->data + at, 4);
     size_t first = (size_t)(strstr(a->data, stop) - a->data);
-    for (int overlap = -1; overlap <= 1; overlap += 2) {
-        struct cllm_engine *e = engine_overlap(0, 256, 512, 0, overlap);
+    /* no overlap; overlap; overlap and run-ahead */
+    for (int mode = 0; mode < 3; mode++) {
+        int overlap = mode == 0 ? -1 : 1;
+        struct cllm_engine *e = engine_modes(0, 256, 512, 0, overlap, mode == 2 ? 1 : -1);
         if (!e)
             return;
         struct cllm_request_params p;
@@ -157,12 +180,12 @@ static void test_stop_string(const struct cllm_buf *alone)
         }
         CHECKF(outs[0].reason == CLLM_FINISH_STOP && outs[0].text.len == first &&
                    memcmp(outs[0].text.data, a->data, first) == 0,
-               "overlap %d: stop string \"%s\" should cut the answer at byte %zu, got %zu bytes",
-               overlap, stop, first, outs[0].text.len);
+               "mode %d: stop string \"%s\" should cut the answer at byte %zu, got %zu bytes",
+               mode, stop, first, outs[0].text.len);
         for (int i = 1; i < 4; i++)
             CHECKF(outs[i].text.len == alone[i].len &&
                        memcmp(outs[i].text.data, alone[i].data, alone[i].len) == 0,
-                   "overlap %d: question %d changed next to a stopped request", overlap, i);
+                   "mode %d: question %d changed next to a stopped request", mode, i);
         struct cllm_engine_stats st;
         wait_idle(e, &st);
         CHECK(st.kv_blocks_used == 0 && st.running == 0 && st.requests_finished == 4);
@@ -172,13 +195,70 @@ static void test_stop_string(const struct cllm_buf *alone)
     }
 }
 
+/* An EOS token from the middle of question 0's answer: the step after the one that draws it
+ * already computes the request with run-ahead; that token must not show or count, and the
+ * answers, token counts and finish reasons of all four requests equal those without
+ * run-ahead. */
+static void test_eos_run_ahead(const struct cllm_buf *alone)
+{
+    struct cllm_ids ids = {0};
+    cllm_tokenize(mf->tok, alone[0].data, alone[0].len, &ids);
+    CHECKF(ids.n >= 4, "answer 0 too short for an EOS test: %zu tokens", ids.n);
+    if (ids.n < 4) {
+        cllm_ids_free(&ids);
+        return;
+    }
+    int32_t eos = ids.v[ids.n / 2];
+    cllm_ids_free(&ids);
+    struct cllm_request_output outs[2][4];
+    memset(outs, 0, sizeof outs);
+    for (int ra = 0; ra < 2; ra++) {
+        struct cllm_engine *e = engine_modes(0, 256, 512, 0, 1, ra ? 1 : -1);
+        if (!e)
+            return;
+        struct cllm_request_params p;
+        params(&p, GEN);
+        p.stop_ids[p.n_stop_ids++] = eos;
+        struct cllm_request *reqs[4];
+        char err[256];
+        for (int i = 0; i < 4; i++)
+            CHECKF(cllm_engine_submit(e, prompts[i].v, (int32_t)prompts[i].n, &p, &reqs[i], err,
+                                      sizeof err) == CLLM_OK, "%s", err);
+        for (int i = 0; i < 4; i++) {
+            while (!cllm_request_poll(reqs[i], -1, &outs[ra][i]))
+                ;
+            cllm_request_release(reqs[i]);
+        }
+        struct cllm_engine_stats st;
+        wait_idle(e, &st);
+        CHECKF(st.kv_blocks_used == 0 && st.running == 0 && st.requests_finished == 4,
+               "run-ahead %d: %d blocks and %d requests left, %llu finished", ra,
+               (int)st.kv_blocks_used, (int)st.running, (unsigned long long)st.requests_finished);
+        cllm_engine_free(e);
+    }
+    CHECKF(outs[0][0].reason == CLLM_FINISH_STOP && outs[0][0].n_generated < GEN &&
+               outs[0][0].text.len < alone[0].len,
+           "token %d should end answer 0 early (%d tokens, %zu of %zu bytes)", (int)eos,
+           (int)outs[0][0].n_generated, outs[0][0].text.len, alone[0].len);
+    for (int i = 0; i < 4; i++) {
+        const struct cllm_request_output *a = &outs[0][i], *b = &outs[1][i];
+        CHECKF(a->reason == b->reason && a->n_generated == b->n_generated &&
+                   a->text.len == b->text.len && memcmp(a->text.data, b->text.data, a->text.len) == 0,
+               "question %d with EOS %d: run-ahead gives %d tokens (reason %d), without %d (%d)", i,
+               (int)eos, (int)b->n_generated, (int)b->reason, (int)a->n_generated, (int)a->reason);
+        cllm_buf_free(&outs[0][i].text);
+        cllm_buf_free(&outs[1][i].text);
+    }
+}
+
 static void test_invariance(void)
 {
     struct cllm_buf alone[N_Q] = {0}, batched[N_Q] = {0}, squeezed[N_Q] = {0};
+    int32_t n_alone[N_Q] = {0}, n_batched[N_Q] = {0};
     struct cllm_engine *e = engine(0, 256, 512, 0);
     if (!e)
         return;
-    run(e, N_Q, 1, alone);
+    run_counted(e, N_Q, 1, alone, n_alone);
     cllm_engine_free(e);
     e = engine_overlap(0, 256, 512, 0, 1);
     if (!e)
@@ -192,17 +272,23 @@ static void test_invariance(void)
                "question %d: the answer alone differs with overlap", i);
         cllm_buf_free(&alone_overlap[i]);
     }
-    run(e, N_Q, N_Q, batched);
+    cllm_engine_free(e);
+    /* Batched and squeezed as on a GPU: overlap and run-ahead. */
+    e = engine_modes(0, 256, 512, 0, 1, 1);
+    if (!e)
+        return;
+    run_counted(e, N_Q, N_Q, batched, n_batched);
     struct cllm_engine_stats st;
-    cllm_engine_stats(e, &st);
+    wait_idle(e, &st);
     printf("batched run: %llu steps, prefix cache hits %llu of %llu blocks\n",
            (unsigned long long)st.steps, (unsigned long long)st.prefix_hits,
            (unsigned long long)st.prefix_queries);
     CHECK(st.prefix_hits > 0);
+    CHECK(st.kv_blocks_used == 0);
     cllm_engine_free(e);
     /* 16 blocks of 16 tokens: about three sequences fit, so the rest wait or are preempted. */
     int64_t per_token = 24 * 2 * 2 * 64 * 4; /* layers x (K,V) x kv heads x head dim x F32 */
-    e = engine_overlap(per_token * 16 * 16, 64, 256, 0, 1);
+    e = engine_modes(per_token * 16 * 16, 64, 256, 0, 1, 1);
     if (!e)
         return;
     run(e, N_Q, N_Q, squeezed);
@@ -213,7 +299,10 @@ static void test_invariance(void)
     CHECK(st.kv_blocks_used == 0);
     cllm_engine_free(e);
     test_stop_string(alone);
+    test_eos_run_ahead(alone);
     for (int i = 0; i < N_Q; i++) {
+        CHECKF(n_batched[i] == n_alone[i], "question %d: %d tokens batched, %d alone", i,
+               (int)n_batched[i], (int)n_alone[i]);
         CHECKF(alone[i].len > 0 && batched[i].len == alone[i].len &&
                    memcmp(batched[i].data, alone[i].data, alone[i].len) == 0,
                "question %d: batched answer differs:\n  alone:   %s\n  batched: %s", i,
@@ -227,9 +316,11 @@ static void test_invariance(void)
     }
 }
 
-static void test_cancel_and_limits(void)
+/* A cancelled request ends within a step and gives its blocks back, with and without
+ * run-ahead (which may hold it in a launched step). */
+static void test_cancel(int32_t run_ahead)
 {
-    struct cllm_engine *e = engine(0, 128, 128, 2);
+    struct cllm_engine *e = engine_modes(0, 128, 128, 2, run_ahead > 0 ? 1 : -1, run_ahead);
     if (!e)
         return;
     struct cllm_request_params p;
@@ -245,12 +336,31 @@ static void test_cancel_and_limits(void)
     cllm_request_cancel(r);
     while (!cllm_request_poll(r, -1, &o))
         ;
-    CHECK(o.reason == CLLM_FINISH_CANCELLED && o.n_generated < 100);
+    CHECKF(o.reason == CLLM_FINISH_CANCELLED && o.n_generated < 100,
+           "run-ahead %d: reason %d after %d tokens", (int)run_ahead, (int)o.reason,
+           (int)o.n_generated);
     cllm_request_release(r);
     cllm_buf_free(&o.text);
     struct cllm_engine_stats st;
     wait_idle(e, &st);
-    CHECK(st.kv_blocks_used == 0 && st.running == 0);
+    CHECKF(st.kv_blocks_used == 0 && st.running == 0, "run-ahead %d: %d blocks, %d running left",
+           (int)run_ahead, (int)st.kv_blocks_used, (int)st.running);
+    cllm_engine_free(e);
+}
+
+static void test_cancel_and_limits(void)
+{
+    test_cancel(-1);
+    test_cancel(1);
+    struct cllm_engine *e = engine(0, 128, 128, 2);
+    if (!e)
+        return;
+    struct cllm_request_params p;
+    params(&p, 100);
+    p.n_stop_ids = 0;
+    char err[256] = "";
+    struct cllm_request *r;
+    struct cllm_request_output o = {0};
 
     int32_t long_prompt[200];
     for (int i = 0; i < 200; i++)

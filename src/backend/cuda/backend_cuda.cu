@@ -48,6 +48,16 @@ struct graph_entry {
     cudaGraphExec_t exec;
 };
 
+/* One device draw of tokens (cu_sample), queued until its wait. */
+struct draw {
+    int32_t *tokens_dev, *tokens_host; /* tokens_host is pinned */
+    cudaEvent_t done;                  /* recorded when tokens_host is written */
+    int32_t *dst;                      /* the caller's array its wait fills */
+    int32_t n, vocab;
+    bool delivered;          /* dst written already (the buffers grew under it) ... */
+    enum cllm_status status; /* ... with this outcome */
+};
+
 struct cuda {
     struct cllm_backend be;
     int device;
@@ -60,12 +70,11 @@ struct cuda {
     void *gemm_scratch;  /* slices of the tiled GEMM run in parallel through this (gemm.h) */
     size_t gemm_scratch_size;
     void *staging; /* pinned, STAGING_BYTES */
-    /* device sampling */
+    /* device sampling: up to two draws queued, each in its own slot, oldest first */
     struct cllm_sample_row *rows_dev;
-    int32_t *tokens_dev, *tokens_host; /* tokens_host is pinned */
+    struct draw draws[2];
+    int32_t n_draws, draw_head, last_draw; /* last_draw: slot of the newest draw, -1: none */
     int32_t sample_cap;
-    int32_t *tokens_dst; /* the caller's array the next sync fills from tokens_host, or NULL */
-    int32_t tokens_n, tokens_vocab;
     void *sample_scratch;
     size_t sample_scratch_size;
     /* RoPE frequencies of the last (theta, head_dim) asked for */
@@ -501,19 +510,74 @@ static enum cllm_status cu_gather_rows(struct cllm_backend *be, const float *x, 
 
 /* --- sampling --- */
 
+static void free_sample_buffers(struct cuda *c)
+{
+    cudaFree(c->rows_dev);
+    c->rows_dev = NULL;
+    for (int i = 0; i < 2; i++) {
+        cudaFree(c->draws[i].tokens_dev);
+        cudaFreeHost(c->draws[i].tokens_host);
+        c->draws[i].tokens_dev = c->draws[i].tokens_host = NULL;
+    }
+    c->sample_cap = 0;
+    c->last_draw = -1; /* its tokens are gone */
+}
+
+/* Writes a draw's tokens (on the host by now) to its caller's array. */
+static enum cllm_status deliver_draw(struct draw *d)
+{
+    d->delivered = true;
+    d->status = CLLM_OK;
+    memcpy(d->dst, d->tokens_host, (size_t)d->n * sizeof(int32_t));
+    for (int32_t i = 0; i < d->n; i++)
+        if (d->dst[i] < 0 || d->dst[i] >= d->vocab) {
+            cllm_log(CLLM_LOG_ERROR, "cuda: the sampler returned token %d of %d", (int)d->dst[i],
+                     (int)d->vocab);
+            d->status = CLLM_ERR_DEVICE;
+            break;
+        }
+    return d->status;
+}
+
+/* Waits for the whole stream and writes the tokens of every draw queued; they stay queued
+ * (wait_draw still takes them in order) unless `pop`. */
+static enum cllm_status finish_draws(struct cuda *c, bool pop)
+{
+    enum cllm_status st = check_cuda(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize");
+    if (st) {
+        c->n_draws = 0; /* a failed sync leaves the callers' tokens unwritten */
+        return st;
+    }
+    for (int32_t i = 0; i < c->n_draws; i++) {
+        struct draw *d = &c->draws[(c->draw_head + i) % 2];
+        enum cllm_status ds = d->delivered ? d->status : deliver_draw(d);
+        if (!st)
+            st = ds;
+    }
+    if (pop)
+        c->n_draws = 0;
+    return st;
+}
+
+/* Buffers for draws of n rows. Growing them first finishes the draws in flight. */
 static enum cllm_status sample_buffers(struct cuda *c, int32_t n, int32_t n_vocab)
 {
     if (n > c->sample_cap) {
-        cudaFree(c->rows_dev);
-        cudaFree(c->tokens_dev);
-        cudaFreeHost(c->tokens_host);
-        c->rows_dev = NULL, c->tokens_dev = NULL, c->tokens_host = NULL, c->sample_cap = 0;
+        if (c->n_draws > 0 && finish_draws(c, false) != CLLM_OK && c->n_draws == 0)
+            return CLLM_ERR_DEVICE; /* the stream failed: nothing can be queued */
+        free_sample_buffers(c);
         TRY(check_cuda(cudaMalloc((void **)&c->rows_dev, (size_t)n * sizeof *c->rows_dev),
                        "cudaMalloc (sampling)"));
-        TRY(check_cuda(cudaMalloc((void **)&c->tokens_dev, (size_t)n * sizeof(int32_t)),
-                       "cudaMalloc (sampling)"));
-        TRY(check_cuda(cudaMallocHost((void **)&c->tokens_host, (size_t)n * sizeof(int32_t)),
-                       "cudaMallocHost (sampling)"));
+        for (int i = 0; i < 2; i++) {
+            struct draw *d = &c->draws[i];
+            TRY(check_cuda(cudaMalloc((void **)&d->tokens_dev, (size_t)n * sizeof(int32_t)),
+                           "cudaMalloc (sampling)"));
+            TRY(check_cuda(cudaMallocHost((void **)&d->tokens_host, (size_t)n * sizeof(int32_t)),
+                           "cudaMallocHost (sampling)"));
+            if (!d->done)
+                TRY(check_cuda(cudaEventCreateWithFlags(&d->done, cudaEventDisableTiming),
+                               "cudaEventCreate (sampling)"));
+        }
         c->sample_cap = n;
     }
     return grow_device_buffer(&c->sample_scratch, &c->sample_scratch_size,
@@ -527,21 +591,59 @@ static enum cllm_status cu_sample(struct cllm_backend *be, const float *logits, 
     struct cuda *c = cuda_of(be);
     if (n <= 0)
         return CLLM_OK;
-    if (c->capturing || n_vocab <= 0 || c->tokens_dst) /* one draw in flight at a time */
+    if (c->capturing || n_vocab <= 0 || c->n_draws == 2)
         return CLLM_ERR_INVALID_ARG;
     TRY(use_device(c));
     TRY(sample_buffers(c, n, n_vocab));
+    /* rows_dev is shared: this upload runs after the previous draw's kernel read it */
     TRY(check_cuda(cudaMemcpyAsync(c->rows_dev, rows, (size_t)n * sizeof *rows,
                                    cudaMemcpyHostToDevice, c->stream),
                    "upload (sampling rows)"));
-    TRY(check_cuda(cllm_cuda_sample(logits, n, n_vocab, c->rows_dev, c->tokens_dev,
+    const int32_t slot = (c->draw_head + c->n_draws) % 2;
+    struct draw *d = &c->draws[slot];
+    TRY(check_cuda(cllm_cuda_sample(logits, n, n_vocab, c->rows_dev, d->tokens_dev,
                                     c->sample_scratch, c->sample_scratch_size, c->stream),
                    "sample"));
-    TRY(check_cuda(cudaMemcpyAsync(c->tokens_host, c->tokens_dev, (size_t)n * sizeof(int32_t),
+    TRY(check_cuda(cudaMemcpyAsync(d->tokens_host, d->tokens_dev, (size_t)n * sizeof(int32_t),
                                    cudaMemcpyDeviceToHost, c->stream),
                    "download (tokens)"));
-    c->tokens_dst = tokens, c->tokens_n = n, c->tokens_vocab = n_vocab;
+    TRY(check_cuda(cudaEventRecord(d->done, c->stream), "cudaEventRecord (tokens)"));
+    d->dst = tokens, d->n = n, d->vocab = n_vocab, d->delivered = false;
+    c->n_draws++;
+    c->last_draw = slot;
     return CLLM_OK;
+}
+
+static enum cllm_status cu_wait_draw(struct cllm_backend *be)
+{
+    struct cuda *c = cuda_of(be);
+    if (c->n_draws == 0)
+        return CLLM_ERR_INVALID_ARG;
+    TRY(use_device(c));
+    struct draw *d = &c->draws[c->draw_head];
+    if (!d->delivered) {
+        enum cllm_status st =
+            check_cuda(cudaEventSynchronize(d->done), "cudaEventSynchronize (tokens)");
+        if (st) {
+            c->n_draws = 0; /* a failed wait leaves the callers' tokens unwritten */
+            return st;
+        }
+        deliver_draw(d);
+    }
+    c->draw_head = (c->draw_head + 1) % 2;
+    c->n_draws--;
+    return d->status;
+}
+
+static enum cllm_status cu_resolve_tokens(struct cllm_backend *be, int32_t *tokens, int32_t n)
+{
+    struct cuda *c = cuda_of(be);
+    if (c->capturing || c->last_draw < 0)
+        return CLLM_ERR_INVALID_ARG;
+    TRY(use_device(c));
+    const struct draw *d = &c->draws[c->last_draw];
+    return check_cuda(cllm_cuda_resolve_tokens(tokens, n, d->tokens_dev, d->n, c->stream),
+                      "resolve tokens");
 }
 
 /* --- recorded steps --- */
@@ -596,20 +698,8 @@ static enum cllm_status cu_graph_end(struct cllm_backend *be, uint64_t key)
 static enum cllm_status cu_sync(struct cllm_backend *be)
 {
     struct cuda *c = cuda_of(be);
-    int32_t *tokens = c->tokens_dst;
-    c->tokens_dst = NULL; /* a failed sync leaves the caller's tokens unwritten */
     TRY(use_device(c));
-    TRY(check_cuda(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize"));
-    if (!tokens)
-        return CLLM_OK;
-    memcpy(tokens, c->tokens_host, (size_t)c->tokens_n * sizeof(int32_t));
-    for (int32_t i = 0; i < c->tokens_n; i++)
-        if (tokens[i] < 0 || tokens[i] >= c->tokens_vocab) {
-            cllm_log(CLLM_LOG_ERROR, "cuda: the sampler returned token %d of %d", (int)tokens[i],
-                     (int)c->tokens_vocab);
-            return CLLM_ERR_DEVICE;
-        }
-    return CLLM_OK;
+    return finish_draws(c, true);
 }
 
 /* --- lifetime --- */
@@ -626,9 +716,10 @@ static void cu_free(struct cllm_backend *be)
     cllm_blas_unload(&c->blas_api);
     cudaFree(c->blas_workspace);
     cudaFreeHost(c->staging);
-    cudaFree(c->rows_dev);
-    cudaFree(c->tokens_dev);
-    cudaFreeHost(c->tokens_host);
+    free_sample_buffers(c);
+    for (int i = 0; i < 2; i++)
+        if (c->draws[i].done)
+            cudaEventDestroy(c->draws[i].done);
     cudaFree(c->sample_scratch);
     cudaFree(c->gemm_scratch);
     if (c->stream)
@@ -662,6 +753,8 @@ static const struct cllm_backend_iface cuda_iface = {
     /* .matmul_rope_store = */ cu_matmul_rope_store,
     /* .gather_rows = */ cu_gather_rows,
     /* .sample = */ cu_sample,
+    /* .wait_draw = */ cu_wait_draw,
+    /* .resolve_tokens = */ cu_resolve_tokens,
     /* .graph_begin = */ cu_graph_begin,
     /* .graph_end = */ cu_graph_end,
     /* .sync = */ cu_sync,
@@ -690,6 +783,7 @@ extern "C" enum cllm_status cllm_backend_cuda_new(struct cllm_backend **out, int
     if (!c)
         return cllm_fail(err, err_len, CLLM_ERR_NOMEM, "out of memory");
     c->device = device;
+    c->last_draw = -1;
     c->be.iface = &cuda_iface;
     c->be.ctx = c;
     const char *step = "cudaSetDevice";

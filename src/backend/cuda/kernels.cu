@@ -211,3 +211,23 @@ cudaError_t cllm_cuda_gather_rows(const float *x, const int32_t *idx, int32_t n_
         return cudaSuccess;
     return cllm_launch(gather_rows_kernel, n_idx, BLOCK, 0, stream, x, idx, dim, out);
 }
+
+static __global__ void resolve_tokens_kernel(int32_t *tokens, int32_t n, const int32_t *drawn,
+                                             int32_t n_drawn)
+{
+    cllm_pdl_wait();
+    const int32_t i = (int32_t)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (i >= n || tokens[i] >= 0)
+        return;
+    const int32_t k = -1 - tokens[i];
+    tokens[i] = k < n_drawn ? drawn[k] : 0;
+}
+
+cudaError_t cllm_cuda_resolve_tokens(int32_t *tokens, int32_t n, const int32_t *drawn,
+                                     int32_t n_drawn, cudaStream_t stream)
+{
+    if (n <= 0)
+        return cudaSuccess;
+    return cllm_launch(resolve_tokens_kernel, grid_for(n), BLOCK, 0, stream, tokens, n, drawn,
+                       n_drawn);
+}

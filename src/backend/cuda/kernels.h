@@ -94,6 +94,11 @@ cudaError_t cllm_cuda_silu_mul(const float *gate_up, int32_t n, int32_t dim, __n
 cudaError_t cllm_cuda_gather_rows(const float *x, const int32_t *idx, int32_t n_idx, int32_t dim,
                                   float *out, cudaStream_t stream);
 
+/* tokens[i] = drawn[-1 - tokens[i]] where tokens[i] < 0 (0 for an index past n_drawn): a step
+ * takes the tokens the previous step drew on the device before the host has seen them. */
+cudaError_t cllm_cuda_resolve_tokens(int32_t *tokens, int32_t n, const int32_t *drawn,
+                                     int32_t n_drawn, cudaStream_t stream);
+
 /* Scratch bytes cllm_cuda_attention needs for n_tokens tokens. */
 size_t cllm_cuda_attention_scratch(int32_t n_tokens, int32_t n_head, int32_t head_dim);
 
