@@ -655,8 +655,10 @@ enum cllm_status cllm_engine_new(struct cllm_engine **out, const struct cllm_mod
         goto fail;
     }
     e->draws = cllm_model_samples_on_device(e->model) || cfg->run_ahead > 0;
-    e->run_ahead = e->draws && (cfg->run_ahead > 0 ||
-                                (cfg->run_ahead == 0 && cllm_model_queues_steps(e->model)));
+    /* CLLM_NO_RUN_AHEAD=1 turns the default off, for comparison */
+    const char *no_ahead = getenv("CLLM_NO_RUN_AHEAD");
+    bool ahead_default = cllm_model_queues_steps(e->model) && !(no_ahead && !strcmp(no_ahead, "1"));
+    e->run_ahead = e->draws && (cfg->run_ahead > 0 || (cfg->run_ahead == 0 && ahead_default));
     e->overlap = cfg->overlap > 0 || (cfg->overlap == 0 && cllm_model_samples_on_device(e->model));
     e->stats.kv_blocks_total = (int32_t)n_blocks;
     e->stats.block_size = cfg->block_size;

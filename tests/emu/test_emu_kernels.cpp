@@ -104,6 +104,15 @@ static void test_embed_norm_silu(int32_t n, int32_t dim)
     for (int32_t t = 0; t < n; t++) for (int32_t c = 0; c < dim; c++) y_c[(size_t)t * ldy + c] += bias[c];
     CHECK(cllm_cuda_add_bias(y.data(), ldy, bias.data(), n, dim, 0) == cudaSuccess);
     CHECKF(memcmp(y.data(), y_c.data(), y.size() * 4) == 0, "add_bias not exact");
+
+    /* resolve_tokens: references (-1 - k) to the last draw filled in, known tokens kept, a
+     * reference past the draw reads token 0 */
+    int32_t drawn[3] = {501, 502, 503};
+    int32_t toks[6] = {7, -1, -3, 9, -2, -4};
+    const int32_t want[6] = {7, 501, 503, 9, 502, 0};
+    CHECK(cllm_cuda_resolve_tokens(toks, 6, drawn, 3, 0) == cudaSuccess);
+    CHECKF(memcmp(toks, want, sizeof want) == 0, "resolve_tokens: %d %d %d %d %d %d", toks[0],
+           toks[1], toks[2], toks[3], toks[4], toks[5]);
 }
 
 /* Absolute error allowed beside 1/64 relative (the BF16 output and K/V). The tensor-core

@@ -14,8 +14,10 @@
  * teacher-forces them through ref32 (near-ties may flip; anything else fails).
  *
  * Also: a shuffled block table gives the same bits as a contiguous one; recorded decode steps
- * (CUDA graphs) give the same tokens as ops issued one by one; and greedy decoding of four
- * prompts batched together gives each the tokens it gets alone (batch invariance).
+ * (CUDA graphs) give the same tokens as ops issued one by one; greedy decoding of four
+ * prompts batched together gives each the tokens it gets alone (batch invariance); and
+ * run-ahead (step k + 1 launched before step k is waited for, taking step k's tokens on the
+ * device) gives the tokens of one step at a time.
  *
  * Without a CUDA device, or without the two variables (tests/gpu/run sets them), it exits 77.
  */
@@ -141,6 +143,55 @@ static bool greedy(struct runner *r, int32_t n_seqs, int32_t *const *prompts, co
     return true;
 }
 
+/* greedy() with run-ahead, as the engine runs a GPU: decode step k + 1 is launched before
+ * step k is waited for, its tokens referring to step k's draw on the device (-1 - s). */
+static bool greedy_ahead(struct runner *r, int32_t n_seqs, int32_t *const *prompts,
+                         const int32_t *lens, int32_t out[][N_GREEDY])
+{
+    int32_t drawn[2][MAX_SEQS];
+    float *last = malloc((size_t)r->n_vocab * 4);
+    for (int32_t s = 0; s < n_seqs; s++) {
+        if (!feed(r, s, prompts[s], lens[s], NULL, last)) {
+            free(last);
+            return false;
+        }
+        out[s][0] = test_argmax(last, r->n_vocab);
+    }
+    free(last);
+    for (int32_t k = 0; k <= N_GREEDY; k++) {
+        if (k < N_GREEDY) {
+            int32_t tok[MAX_SEQS], pos[MAX_SEQS], seq[MAX_SEQS], slot[MAX_SEQS], outs[MAX_SEQS];
+            int32_t table[MAX_SEQS][BLOCKS_PER_SEQ];
+            struct cllm_sample_row rows[MAX_SEQS];
+            for (int32_t s = 0; s < n_seqs; s++) {
+                tok[s] = k == 0 ? out[s][0] : -1 - s;
+                pos[s] = lens[s] + k;
+                seq[s] = outs[s] = s;
+                slot[s] = r->table[s][pos[s] / BLOCK] * BLOCK + pos[s] % BLOCK;
+                memcpy(table[s], r->table[s], sizeof table[s]);
+                rows[s] = (struct cllm_sample_row){0.0f, 0, 1.0f, 0.0f, 1, (uint64_t)k};
+            }
+            struct cllm_step st = {n_seqs, tok,    pos,  seq, slot, &table[0][0], n_seqs,
+                                   BLOCKS_PER_SEQ, n_seqs, outs};
+            enum cllm_status rc = cllm_model_launch_sample(r->m, &r->kv, &st, rows, drawn[k % 2]);
+            CHECKF(rc == CLLM_OK, "run-ahead: launching decode step %d failed: %d", (int)k, (int)rc);
+            if (rc)
+                return false;
+        }
+        if (k == 0)
+            continue;
+        struct cllm_sample_row greedy_rows[MAX_SEQS] = {{0}};
+        const float *logits;
+        enum cllm_status rc = cllm_model_wait_sample(r->m, greedy_rows, drawn[(k - 1) % 2], &logits);
+        CHECKF(rc == CLLM_OK, "run-ahead: waiting for decode step %d failed: %d", (int)k - 1, (int)rc);
+        if (rc)
+            return false;
+        for (int32_t s = 0; s < n_seqs && k < N_GREEDY; s++)
+            out[s][k] = drawn[(k - 1) % 2][s];
+    }
+    return true;
+}
+
 int main(void)
 {
     const char *model = getenv("CLLM_GPU_MODEL"), *ref_path = getenv("CLLM_GPU_REF");
@@ -249,6 +300,13 @@ int main(void)
             CHECKF(memcmp(alone[0], together[s], sizeof alone[0]) == 0,
                    "prompt %d: batched greedy differs from alone", (int)s);
         }
+
+    /* run-ahead (two steps in flight, tokens from the device's draw) vs one step at a time */
+    int32_t ahead[MAX_SEQS][N_GREEDY];
+    CHECKF(cllm_model_queues_steps(r.m), "the CUDA backend should queue steps");
+    if (greedy(&r, nb, prompts, lens, together) && greedy_ahead(&r, nb, prompts, lens, ahead))
+        CHECKF(memcmp(ahead, together, sizeof(int32_t) * N_GREEDY * (size_t)nb) == 0,
+               "run-ahead decoding gives other tokens than one step at a time");
 
     /* recorded steps vs ops issued one by one */
     setenv("CLLM_NO_GRAPHS", "1", 1);
