@@ -34,13 +34,13 @@
  * the scheduler (EOS, cancel) while the step runs. */
 struct launched {
     struct cllm_sched_entry *entries; /* [max_seqs] the plan */
-    int32_t *tok_index;   /* [max_seqs] per entry: where its token goes in req->tokens, or -1 */
+    int32_t *tok_index; /* [max_seqs] per entry: where its token goes in req->tokens, or -1 */
     int32_t n_entries;
     struct cllm_sample_row *rows; /* [max_seqs] how each output is drawn */
     int32_t *sampled;             /* [max_seqs] the drawn tokens (-1: sample on the host) */
     int32_t n_outputs;
-    bool caller_rows;             /* some outputs are sampled on the host (penalties) */
-    const float *logits;          /* without draws: the step's logits (host) */
+    bool caller_rows;    /* some outputs are sampled on the host (penalties) */
+    const float *logits; /* without draws: the step's logits (host) */
 };
 
 struct cllm_engine {
@@ -54,7 +54,7 @@ struct cllm_engine {
 
     /* step arrays, [max_batch_tokens] / [max_seqs][max_blocks_per_seq] */
     int32_t *tokens, *pos, *seq, *slot, *outputs, *table;
-    float *logits_copy; /* one row of logits for the sampler to scribble on */
+    float *logits_copy;         /* one row of logits for the sampler to scribble on */
     struct launched flights[2]; /* launched steps, oldest first: flights[(head + i) % 2] */
     int32_t n_flights, flight_head;
     struct pending_token *pending; /* [max_seqs] tokens whose text is not delivered yet */
@@ -349,9 +349,9 @@ static bool launch_next(struct cllm_engine *e)
     f->caller_rows = build_sample_rows(p, f->rows);
     f->n_outputs = st.n_outputs;
     f->logits = NULL;
-    enum cllm_status rc =
-        e->draws ? cllm_model_launch_sample(e->model, &e->kv, &st, f->rows, f->sampled)
-                 : cllm_model_forward(e->model, &e->kv, &st, &f->logits);
+    enum cllm_status rc = e->draws
+                              ? cllm_model_launch_sample(e->model, &e->kv, &st, f->rows, f->sampled)
+                              : cllm_model_forward(e->model, &e->kv, &st, &f->logits);
     if (rc) {
         step_failed(e, rc, true);
         return false;
@@ -441,8 +441,8 @@ static void finish_oldest(struct cllm_engine *e)
  * deliver the text of the tokens seen so far, then wait for the oldest step. */
 static void step(struct cllm_engine *e)
 {
-    bool may_launch = e->n_flights == 0 ||
-                      (e->run_ahead && e->n_flights == 1 && !flight_at(e, 0)->caller_rows);
+    bool may_launch =
+        e->n_flights == 0 || (e->run_ahead && e->n_flights == 1 && !flight_at(e, 0)->caller_rows);
     bool launched = may_launch && launch_next(e);
     if (e->overlap || e->n_flights == 0)
         deliver_pending(e); /* while the device runs (a CPU ran its step already) */

@@ -223,7 +223,8 @@ static void test_eos_run_ahead(const struct cllm_buf *alone)
         char err[256];
         for (int i = 0; i < 4; i++)
             CHECKF(cllm_engine_submit(e, prompts[i].v, (int32_t)prompts[i].n, &p, &reqs[i], err,
-                                      sizeof err) == CLLM_OK, "%s", err);
+                                      sizeof err) == CLLM_OK,
+                   "%s", err);
         for (int i = 0; i < 4; i++) {
             while (!cllm_request_poll(reqs[i], -1, &outs[ra][i]))
                 ;
@@ -243,7 +244,8 @@ static void test_eos_run_ahead(const struct cllm_buf *alone)
     for (int i = 0; i < 4; i++) {
         const struct cllm_request_output *a = &outs[0][i], *b = &outs[1][i];
         CHECKF(a->reason == b->reason && a->n_generated == b->n_generated &&
-                   a->text.len == b->text.len && memcmp(a->text.data, b->text.data, a->text.len) == 0,
+                   a->text.len == b->text.len &&
+                   memcmp(a->text.data, b->text.data, a->text.len) == 0,
                "question %d with EOS %d: run-ahead gives %d tokens (reason %d), without %d (%d)", i,
                (int)eos, (int)b->n_generated, (int)b->reason, (int)a->n_generated, (int)a->reason);
         cllm_buf_free(&outs[0][i].text);

@@ -171,10 +171,11 @@ static bool greedy_ahead(struct runner *r, int32_t n_seqs, int32_t *const *promp
                 memcpy(table[s], r->table[s], sizeof table[s]);
                 rows[s] = (struct cllm_sample_row){0.0f, 0, 1.0f, 0.0f, 1, (uint64_t)k};
             }
-            struct cllm_step st = {n_seqs, tok,    pos,  seq, slot, &table[0][0], n_seqs,
+            struct cllm_step st = {n_seqs,         tok,    pos, seq, slot, &table[0][0], n_seqs,
                                    BLOCKS_PER_SEQ, n_seqs, outs};
             enum cllm_status rc = cllm_model_launch_sample(r->m, &r->kv, &st, rows, drawn[k % 2]);
-            CHECKF(rc == CLLM_OK, "run-ahead: launching decode step %d failed: %d", (int)k, (int)rc);
+            CHECKF(rc == CLLM_OK, "run-ahead: launching decode step %d failed: %d", (int)k,
+                   (int)rc);
             if (rc)
                 return false;
         }
@@ -182,8 +183,10 @@ static bool greedy_ahead(struct runner *r, int32_t n_seqs, int32_t *const *promp
             continue;
         struct cllm_sample_row greedy_rows[MAX_SEQS] = {{0}};
         const float *logits;
-        enum cllm_status rc = cllm_model_wait_sample(r->m, greedy_rows, drawn[(k - 1) % 2], &logits);
-        CHECKF(rc == CLLM_OK, "run-ahead: waiting for decode step %d failed: %d", (int)k - 1, (int)rc);
+        enum cllm_status rc =
+            cllm_model_wait_sample(r->m, greedy_rows, drawn[(k - 1) % 2], &logits);
+        CHECKF(rc == CLLM_OK, "run-ahead: waiting for decode step %d failed: %d", (int)k - 1,
+               (int)rc);
         if (rc)
             return false;
         for (int32_t s = 0; s < n_seqs && k < N_GREEDY; s++)

@@ -217,10 +217,9 @@ static __device__ void finish(const cllm_cuda_rope_store &r, const float (*part)
 
 /* The lane's W vectors (rows lo and hi) of chunks c .. c + UNROLL - 1, zeros from c1 on. */
 template <int UNROLL>
-static __device__ __forceinline__ void load_w_chunks(uint4 (&vl)[UNROLL], uint4 (&vh)[UNROLL],
-                                                     const __nv_bfloat16 *w_lo,
-                                                     const __nv_bfloat16 *w_hi, int32_t c,
-                                                     int32_t c1, int q, int32_t K)
+static __device__ __forceinline__ void
+load_w_chunks(uint4 (&vl)[UNROLL], uint4 (&vh)[UNROLL], const __nv_bfloat16 *w_lo,
+              const __nv_bfloat16 *w_hi, int32_t c, int32_t c1, int q, int32_t K)
 {
 #pragma unroll
     for (int u = 0; u < UNROLL; u++) {
@@ -255,7 +254,7 @@ static __global__ void __launch_bounds__(MAX_SLICES * 32)
     const __nv_bfloat16 *w_hi = row_hi < N ? w + (int64_t)row_hi * K : NULL;
     uint4 vl[UNROLL], vh[UNROLL];
     load_w_chunks<UNROLL>(vl, vh, w_lo, w_hi, c0, c1, q, K);
-    cllm_pdl_wait(); /* x, y and the epilogue's buffers from here on */
+    cllm_pdl_wait();                              /* x, y and the epilogue's buffers from here on */
     __shared__ float part[MAX_SLICES][NT][4][32]; /* [slice][token tile][element][lane] */
     const void *xr[NT];
     float acc[NT][4];
