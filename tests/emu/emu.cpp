@@ -156,8 +156,25 @@ static void trampoline()
     abort();
 }
 
-void emu_launch(std::function<void()> body, dim3 grid3, dim3 block3, size_t smem, cudaStream_t)
+/* A stream: work runs at once, or is recorded while the stream is captured. */
+struct CUstream_st {
+    std::vector<std::function<void()>> *capture; /* NULL: not capturing */
+};
+struct CUgraph_st { std::vector<std::function<void()>> ops; };
+struct CUgraphExec_st { std::vector<std::function<void()>> ops; };
+
+static bool recorded(cudaStream_t s, std::function<void()> op)
 {
+    if (!s || !s->capture)
+        return false;
+    s->capture->push_back(std::move(op));
+    return true;
+}
+
+void emu_launch(std::function<void()> body, dim3 grid3, dim3 block3, size_t smem, cudaStream_t stream)
+{
+    if (recorded(stream, [=] { emu_launch(body, grid3, block3, smem, 0); }))
+        return;
     unsigned block = block3.x;
     if (block3.y != 1 || block3.z != 1) {
         fprintf(stderr, "emu: only 1-D blocks are emulated (%u,%u,%u)\n", block3.x, block3.y, block3.z);
@@ -262,18 +279,70 @@ cudaError_t emu_func_set_attribute(const void *, enum cudaFuncAttribute a, int v
 cudaError_t cudaMalloc(void **p, size_t n) { *p = malloc(n ? n : 1); if (*p) memset(*p, 0x5A, n); return *p ? cudaSuccess : cudaErrorMemoryAllocation; }
 cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }
 cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind) { memcpy(d, s, n); return cudaSuccess; }
-cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind, cudaStream_t) { memcpy(d, s, n); return cudaSuccess; }
+cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind, cudaStream_t st)
+{
+    if (!recorded(st, [=] { memcpy(d, s, n); }))
+        memcpy(d, s, n);
+    return cudaSuccess;
+}
 cudaError_t cudaMemset(void *d, int v, size_t n) { memset(d, v, n); return cudaSuccess; }
-cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t) { memset(d, v, n); return cudaSuccess; }
+cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t st)
+{
+    if (!recorded(st, [=] { memset(d, v, n); }))
+        memset(d, v, n);
+    return cudaSuccess;
+}
 cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamCreate(cudaStream_t *s) { *s = (cudaStream_t)malloc(1); return cudaSuccess; }
-cudaError_t cudaStreamDestroy(cudaStream_t s) { free(s); return cudaSuccess; }
+/* As CUDA: a captured stream cannot be synchronised. */
+cudaError_t cudaStreamSynchronize(cudaStream_t s) { return s && s->capture ? cudaErrorStreamCaptureUnsupported : cudaSuccess; }
+cudaError_t cudaStreamCreate(cudaStream_t *s) { *s = new CUstream_st{NULL}; return cudaSuccess; }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) { return cudaStreamCreate(s); }
+cudaError_t cudaStreamDestroy(cudaStream_t s) { if (s) delete s->capture; delete s; return cudaSuccess; }
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode)
+{
+    if (!s || s->capture)
+        return cudaErrorInvalidValue;
+    s->capture = new std::vector<std::function<void()>>();
+    return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g)
+{
+    if (!s || !s->capture)
+        return cudaErrorInvalidValue;
+    *g = new CUgraph_st{std::move(*s->capture)};
+    delete s->capture;
+    s->capture = NULL;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long) { *e = new CUgraphExec_st{g->ops}; return cudaSuccess; }
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s)
+{
+    if (s && s->capture)
+        return cudaErrorStreamCaptureUnsupported;
+    for (auto &op : e->ops)
+        op();
+    return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) { delete e; return cudaSuccess; }
+cudaError_t cudaGraphDestroy(cudaGraph_t g) { delete g; return cudaSuccess; }
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int)
+{
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "CUDA emulator");
+    p->totalGlobalMem = (size_t)8 << 30;
+    p->major = 9;
+    p->multiProcessorCount = 4;
+    return cudaSuccess;
+}
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) { *free_bytes = *total_bytes = (size_t)8 << 30; return cudaSuccess; }
+cudaError_t cudaMallocHost(void **p, size_t n) { return cudaMalloc(p, n); }
+cudaError_t cudaFreeHost(void *p) { return cudaFree(p); }
 cudaError_t cudaGetLastError(void) { cudaError_t e = last_error; last_error = cudaSuccess; return e; }
 cudaError_t cudaPeekAtLastError(void) { return last_error; }
 const char *cudaGetErrorString(cudaError_t e) { return e ? "emu error" : "no error"; }
 struct CUevent_st { double t; };
 cudaError_t cudaEventCreate(cudaEvent_t *e) { *e = new CUevent_st{0}; return cudaSuccess; }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { return cudaEventCreate(e); }
 cudaError_t cudaEventDestroy(cudaEvent_t e) { delete e; return cudaSuccess; }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) { e->t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count(); return cudaSuccess; }
 cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }

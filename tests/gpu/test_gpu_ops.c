@@ -595,6 +595,73 @@ static void test_graph(void)
     free_weight(&w), free_weight(&g);
 }
 
+static void fill_i32(int32_t *p, int32_t n, int32_t v)
+{
+    for (int32_t i = 0; i < n; i++)
+        p[i] = v;
+}
+
+/* The device sampler's queue (run-ahead): two draws in flight, each written by its own wait in
+ * order and a third refused; references in a step's tokens resolved on the device from the
+ * newest draw; sync writing every draw; buffers growing under a draw in flight keeping its
+ * tokens; no draw or resolve while a step is recorded. Greedy rows: the tokens are argmaxes. */
+static void test_draws(void)
+{
+    enum { V = 300, R = 6 };
+    float *logits = randv(R * V, 1.0f);
+    int32_t want[R];
+    for (int r = 0; r < R; r++)
+        want[r] = test_argmax(logits + r * V, V);
+    float *l_d = dev_upload(logits, R * V * 4);
+    struct cllm_sample_row rows[R];
+    memset(rows, 0, sizeof rows);
+    int32_t a[R], b[R], c[R];
+    fill_i32(a, R, -7), fill_i32(b, R, -7), fill_i32(c, R, -7);
+    CHECK(G->sample(gpu, l_d, 2, V, rows, a) == CLLM_OK);
+    CHECK(G->sample(gpu, l_d + 2 * V, 3, V, rows, b) == CLLM_OK);
+    CHECK(G->sample(gpu, l_d, 1, V, rows, c) == CLLM_ERR_INVALID_ARG); /* a third */
+    /* -1 - k: token k of the newest draw (b, with a still queued); past its 3 rows: token 0 */
+    int32_t refs[5] = {-1, 42, -3, -2, -4}, got[5];
+    int32_t *t_d = dev_upload(refs, sizeof refs);
+    CHECK(G->resolve_tokens(gpu, t_d, 5) == CLLM_OK);
+    CHECK(G->wait_draw(gpu) == CLLM_OK);
+    CHECKF(a[0] == want[0] && a[1] == want[1] && a[2] == -7, "first draw: %d %d %d", (int)a[0],
+           (int)a[1], (int)a[2]);
+    CHECKF(b[0] == -7, "the second draw was written by the first one's wait");
+    CHECK(G->wait_draw(gpu) == CLLM_OK);
+    CHECKF(b[0] == want[2] && b[1] == want[3] && b[2] == want[4] && b[3] == -7,
+           "second draw: %d %d %d %d", (int)b[0], (int)b[1], (int)b[2], (int)b[3]);
+    CHECK(G->wait_draw(gpu) == CLLM_ERR_INVALID_ARG); /* none left */
+    CHECK(G->download(gpu, got, t_d, sizeof got) == CLLM_OK && G->sync(gpu) == CLLM_OK);
+    CHECKF(got[0] == want[2] && got[1] == 42 && got[2] == want[4] && got[3] == want[3] &&
+               got[4] == 0,
+           "resolved tokens: %d %d %d %d %d", (int)got[0], (int)got[1], (int)got[2], (int)got[3],
+           (int)got[4]);
+    /* sync writes both */
+    fill_i32(a, R, -7), fill_i32(b, R, -7);
+    CHECK(G->sample(gpu, l_d + 4 * V, 2, V, rows, a) == CLLM_OK);
+    CHECK(G->sample(gpu, l_d, 1, V, rows, b) == CLLM_OK);
+    CHECK(G->sync(gpu) == CLLM_OK);
+    CHECK(a[0] == want[4] && a[1] == want[5] && b[0] == want[0]);
+    CHECK(G->wait_draw(gpu) == CLLM_ERR_INVALID_ARG);
+    /* the buffers grow (6 rows > 3) while a draw is in flight */
+    fill_i32(a, R, -7), fill_i32(b, R, -7);
+    CHECK(G->sample(gpu, l_d + 5 * V, 1, V, rows, a) == CLLM_OK);
+    CHECK(G->sample(gpu, l_d, R, V, rows, b) == CLLM_OK);
+    CHECK(G->wait_draw(gpu) == CLLM_OK && a[0] == want[5]);
+    CHECK(G->wait_draw(gpu) == CLLM_OK && memcmp(b, want, sizeof want) == 0);
+    /* not while recording */
+    bool replayed = true;
+    CHECK(G->graph_begin(gpu, 77, &replayed) == CLLM_OK && !replayed);
+    CHECK(G->sample(gpu, l_d, 1, V, rows, c) == CLLM_ERR_INVALID_ARG);
+    CHECK(G->resolve_tokens(gpu, t_d, 5) == CLLM_ERR_INVALID_ARG);
+    CHECK(G->memzero(gpu, t_d, sizeof refs) == CLLM_OK);
+    CHECK(G->graph_end(gpu, 77) == CLLM_OK && G->sync(gpu) == CLLM_OK);
+    CHECK(c[0] == -7);
+    G->dealloc(gpu, l_d), G->dealloc(gpu, t_d);
+    free(logits);
+}
+
 int main(void)
 {
     struct cllm_backend_options oc = {CLLM_BACKEND_CPU, 0, 0}, og = {CLLM_BACKEND_CUDA, 0, 0};
@@ -611,6 +678,23 @@ int main(void)
     size_t free_b = 0, total_b = 0;
     CHECK(G->mem_info(gpu, &free_b, &total_b) == CLLM_OK && free_b > 0 && free_b <= total_b);
 
+    test_draws();
+#ifdef CLLM_EMU_SHAPES
+    /* Under the CPU's CUDA emulator (tests/emu, test_emu_backend): the same paths through the
+     * backend at shapes the emulator runs in a minute; the kernels' own checks at the model's
+     * shapes are in test_emu_kernels. */
+    test_embed_norm_silu(3, 264);
+    int32_t shapes[][3] = {{264, 100, 1}, {256, 136, 7}, {520, 72, 40}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        test_matmul(shapes[i][0], shapes[i][1], shapes[i][2]);
+    test_matmul_invariance(264, 48);
+    test_matmul_silu(264, 48);
+    test_matmul_rope_store(4, 2, 64, 264);
+    int32_t lens_a[] = {1, 17, 40};
+    int32_t lens_b[] = {300, 2, 40};
+    test_attention(4, 2, 64, lens_a, 3);
+    test_attention(2, 2, 64, lens_b, 3);
+#else
     test_embed_norm_silu(1, 1536);
     test_embed_norm_silu(37, 896);
     test_embed_norm_silu(300, 8960);
@@ -629,6 +713,7 @@ int main(void)
     test_attention(14, 2, 64, lens_a, 3);  /* Qwen2.5-0.5B */
     test_attention(28, 4, 128, lens_b, 3); /* Qwen2.5-7B */
     test_attention(4, 4, 64, lens_b, 3);   /* no grouping */
+#endif
     test_graph();
 
     cllm_backend_free(cpu);

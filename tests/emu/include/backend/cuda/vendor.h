@@ -53,13 +53,23 @@ static inline void cllm_cp_async16(void *smem, const void *gmem) { emu_cp_async(
 static inline void cllm_cp_async_commit(void) { emu_cp_commit(); }
 template <int N> static inline void cllm_cp_async_wait(void) { emu_cp_wait(N); }
 
-/* Launches run one after the other here: no programmatic dependent launch to emulate. */
+/* Launches run one after the other here: no programmatic dependent launch to emulate. The
+ * arguments are captured by value: a captured stream replays the launch later. */
 static inline void cllm_pdl_wait(void) {}
 template <class... KArgs, class... Args>
 static cudaError_t cllm_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
                                cudaStream_t stream, Args... args)
 {
-    emu_launch([&] { kernel(static_cast<KArgs>(args)...); }, grid, block, smem, stream);
+    emu_launch([=] { kernel(static_cast<KArgs>(args)...); }, grid, block, smem, stream);
     return cudaSuccess;
 }
+
+/* The cuBLAS names backend_cuda.cu and blas.h use; the emulator has no cuBLAS (tests/emu
+ * links a loader that finds none), so these are only types and constants. */
+typedef enum { CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_ALLOC_FAILED = 3 } cublasStatus_t;
+typedef struct cublasContext *cublasHandle_t;
+typedef enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 } cublasOperation_t;
+typedef enum { CUDA_R_32F = 0, CUDA_R_16BF = 14 } cudaDataType;
+typedef enum { CUBLAS_COMPUTE_32F = 68 } cublasComputeType_t;
+typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
 #endif
