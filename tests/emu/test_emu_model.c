@@ -1,0 +1,262 @@
+/*
+ * The engine and the model on the CUDA backend, run on the CPU under the CUDA emulator
+ * (tests/emu) with a micro Qwen2 model (make_micro_model.py, vocabulary 512): the GPU's whole
+ * path -- weights rounded to BF16 at load, decode steps recorded and replayed, tokens drawn on
+ * the device, run-ahead taking each step's tokens from the previous step's draw -- in every CI
+ * run. Kernels run one at a time here, so this finds logic errors, not races.
+ *
+ *   - logits of a prompt against the CPU backend (F32) within BF16's error;
+ *   - greedy answers with run-ahead equal those without, alone and batched (batch
+ *     invariance), also next to a request with penalties (sampled on the host: no run-ahead
+ *     over its steps) and under preemption;
+ *   - seeded sampling: the same answer alone twice and batched (counter-based draws).
+ *
+ * CLLM_TEST_MICRO names the micro model's folder (scripts/test makes it).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "core/status.h"
+#include "engine/engine.h"
+#include "model/model.h"
+#include "test.h"
+
+#define N_P 4
+#define GEN 16
+#define EOS 502 /* <|im_end|> */
+
+static struct cllm_model_files *mf;
+static int32_t prompts[N_P][48], lens[N_P];
+
+static void make_prompts(void)
+{
+    uint64_t x = 12345;
+    for (int p = 0; p < N_P; p++) {
+        lens[p] = 5 + 11 * p; /* 5, 16, 27, 38: one to three KV blocks */
+        for (int i = 0; i < lens[p]; i++)
+            prompts[p][i] = (int32_t)(test_splitmix(&x) % 500);
+    }
+}
+
+/* --- the model: logits against the CPU backend --- */
+
+static float *prompt_logits(enum cllm_backend_kind kind, const int32_t *ids, int32_t n)
+{
+    struct cllm_backend_options o = {kind, 1, 0};
+    struct cllm_backend *be = NULL;
+    struct cllm_model *m = NULL;
+    struct cllm_kv_cache kv = {0};
+    char err[512] = "";
+    float *out = NULL;
+    if (cllm_backend_new(&be, &o, err, sizeof err) ||
+        cllm_model_init(&m, mf, be, 64, 1, err, sizeof err) ||
+        cllm_kv_cache_init(&kv, m, 8, 16, err, sizeof err)) {
+        CHECKF(0, "%s backend: %s", kind == CLLM_BACKEND_CUDA ? "cuda" : "cpu", err);
+        goto done;
+    }
+    int32_t pos[64], seq[64], table[8] = {3, 0, 5, 1, 7, 2, 6, 4}, last = n - 1;
+    for (int32_t t = 0; t < n; t++)
+        pos[t] = t, seq[t] = 0;
+    int32_t slot[64];
+    for (int32_t t = 0; t < n; t++)
+        slot[t] = table[t / 16] * 16 + t % 16;
+    struct cllm_step st = {n, ids, pos, seq, slot, table, 1, 8, 1, &last};
+    const float *logits;
+    enum cllm_status rc = cllm_model_forward(m, &kv, &st, &logits);
+    CHECKF(rc == CLLM_OK, "forward: %s", cllm_status_str(rc));
+    if (rc == CLLM_OK) {
+        out = malloc(512 * sizeof *out);
+        memcpy(out, logits, 512 * sizeof *out);
+    }
+done:
+    if (m)
+        cllm_kv_cache_free(&kv, m);
+    cllm_model_free(m);
+    cllm_backend_free(be);
+    return out;
+}
+
+/* BF16 weights and activations against F32: the error is a few BF16 steps of the logits'
+ * size (a wrong op, head or position gives tens of percent of the range). */
+static void test_logits(void)
+{
+    for (int p = 0; p < N_P; p += 3) {
+        float *cpu = prompt_logits(CLLM_BACKEND_CPU, prompts[p], lens[p]);
+        float *gpu = prompt_logits(CLLM_BACKEND_CUDA, prompts[p], lens[p]);
+        if (cpu && gpu) {
+            float lo = cpu[0], hi = cpu[0], err = 0;
+            for (int i = 0; i < 512; i++) {
+                lo = fminf(lo, cpu[i]), hi = fmaxf(hi, cpu[i]);
+                err = fmaxf(err, fabsf(gpu[i] - cpu[i]));
+            }
+            printf("prompt %d (%d tokens): max |cuda - cpu| = %.3g of a range of %.3g\n", p,
+                   (int)lens[p], err, hi - lo);
+            CHECKF(err <= 0.03f * (hi - lo), "prompt %d: logits off by %.3g of a range of %.3g", p,
+                   err, hi - lo);
+        }
+        free(cpu), free(gpu);
+    }
+}
+
+/* --- the engine --- */
+
+struct answer {
+    int32_t n;
+    int32_t reason;
+    struct cllm_buf text;
+};
+
+static struct cllm_engine *engine(int32_t run_ahead, int64_t kv_bytes)
+{
+    struct cllm_engine_config c;
+    cllm_engine_config_default(&c);
+    c.backend = CLLM_BACKEND_CUDA;
+    c.kv_bytes = kv_bytes;
+    c.max_batch_tokens = 64;
+    c.max_seqs = 8;
+    c.n_ctx = 256;
+    c.run_ahead = run_ahead;
+    char err[512] = "";
+    struct cllm_engine *e = NULL;
+    CHECKF(cllm_engine_new(&e, mf, &c, err, sizeof err) == CLLM_OK, "%s", err);
+    return e;
+}
+
+/* Prompts which[0..n) together with params p[i]; out[i] their answers. */
+static void run(struct cllm_engine *e, const int *which, int n, const struct cllm_request_params *p,
+                struct answer *out)
+{
+    struct cllm_request *reqs[N_P + 1] = {0};
+    char err[256];
+    for (int i = 0; i < n; i++)
+        CHECKF(cllm_engine_submit(e, prompts[which[i]], lens[which[i]], &p[i], &reqs[i], err,
+                                  sizeof err) == CLLM_OK,
+               "%s", err);
+    for (int i = 0; i < n; i++) {
+        struct cllm_request_output o;
+        memset(&o, 0, sizeof o);
+        if (reqs[i]) {
+            while (!cllm_request_poll(reqs[i], -1, &o))
+                ;
+            cllm_request_release(reqs[i]);
+        }
+        out[i] = (struct answer){o.n_generated, (int32_t)o.reason, o.text};
+    }
+}
+
+static void params(struct cllm_request_params *p, float temperature, uint64_t seed)
+{
+    memset(p, 0, sizeof *p);
+    cllm_sampling_params_default(&p->sampling);
+    p->sampling.temperature = temperature;
+    p->sampling.top_k = temperature > 0 ? 40 : 0;
+    p->sampling.seed = seed;
+    p->max_tokens = GEN;
+    p->stop_ids[p->n_stop_ids++] = EOS;
+}
+
+static bool same(const struct answer *a, const struct answer *b)
+{
+    return a->n == b->n && a->reason == b->reason && a->text.len == b->text.len &&
+           memcmp(a->text.data, b->text.data, a->text.len) == 0;
+}
+
+static void free_answers(struct answer *a, int n)
+{
+    for (int i = 0; i < n; i++)
+        cllm_buf_free(&a[i].text);
+}
+
+static void test_engine(void)
+{
+    int all[N_P] = {0, 1, 2, 3};
+    struct cllm_request_params greedy[N_P + 1], sampled[N_P];
+    for (int i = 0; i <= N_P; i++)
+        params(&greedy[i], 0.0f, 0);
+    for (int i = 0; i < N_P; i++)
+        params(&sampled[i], 0.8f, 100 + (uint64_t)i);
+    struct answer serial[N_P], alone[N_P], batched[N_P + 1], again[N_P];
+
+    struct cllm_engine *e = engine(-1, 1 << 20);
+    if (!e)
+        return;
+    for (int i = 0; i < N_P; i++)
+        run(e, &all[i], 1, greedy, &serial[i]);
+    cllm_engine_free(e);
+
+    e = engine(0, 1 << 20); /* run-ahead: the CUDA backend's default */
+    if (!e)
+        return;
+    for (int i = 0; i < N_P; i++)
+        run(e, &all[i], 1, greedy, &alone[i]);
+    run(e, all, N_P, greedy, batched);
+    for (int i = 0; i < N_P; i++) {
+        printf("prompt %d: %d tokens (reason %d)\n", i, (int)alone[i].n, (int)alone[i].reason);
+        CHECKF(alone[i].n > 0 && same(&alone[i], &serial[i]),
+               "prompt %d: run-ahead gives %d tokens, one step at a time %d, or other text", i,
+               (int)alone[i].n, (int)serial[i].n);
+        CHECKF(same(&batched[i], &alone[i]), "prompt %d: batched answer differs from alone", i);
+    }
+    free_answers(batched, N_P);
+
+    /* next to a request with a repetition penalty (sampled on the host) */
+    int with_penalty[N_P + 1] = {0, 1, 2, 3, 1};
+    greedy[N_P].sampling.repetition_penalty = 1.3f;
+    run(e, with_penalty, N_P + 1, greedy, batched);
+    for (int i = 0; i < N_P; i++)
+        CHECKF(same(&batched[i], &alone[i]), "prompt %d: answer differs next to a penalty", i);
+    CHECK(batched[N_P].n > 0);
+    free_answers(batched, N_P + 1);
+
+    /* seeded sampling: alone twice and batched alike */
+    for (int i = 0; i < N_P; i++) {
+        run(e, &all[i], 1, &sampled[i], &again[i]);
+        run(e, &all[i], 1, &sampled[i], &batched[i]);
+        CHECKF(same(&again[i], &batched[i]), "prompt %d: the same seed gave another answer", i);
+        cllm_buf_free(&batched[i].text);
+    }
+    run(e, all, N_P, sampled, batched);
+    for (int i = 0; i < N_P; i++)
+        CHECKF(same(&batched[i], &again[i]), "prompt %d: sampled answer batched differs", i);
+    free_answers(batched, N_P);
+    free_answers(again, N_P);
+    struct cllm_engine_stats st;
+    cllm_engine_stats(e, &st);
+    printf("run-ahead engine: %llu steps\n", (unsigned long long)st.steps);
+    cllm_engine_free(e);
+
+    /* preemption: 6 blocks of 16 tokens for four sequences of up to 54 */
+    int64_t per_token = 2 * 2 * 64 * 2; /* layers x (K, V) x head_dim x BF16 */
+    e = engine(0, per_token * 16 * 6);
+    if (!e)
+        return;
+    run(e, all, N_P, greedy, batched);
+    cllm_engine_stats(e, &st);
+    printf("squeezed: %llu steps, %llu preemptions\n", (unsigned long long)st.steps,
+           (unsigned long long)st.preemptions);
+    CHECK(st.preemptions > 0);
+    for (int i = 0; i < N_P; i++)
+        CHECKF(same(&batched[i], &alone[i]), "prompt %d: answer under preemption differs", i);
+    free_answers(batched, N_P);
+    cllm_engine_free(e);
+    free_answers(alone, N_P);
+    free_answers(serial, N_P);
+}
+
+int main(void)
+{
+    char err[1024];
+    if (cllm_model_files_open(&mf, test_env("CLLM_TEST_MICRO"), err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    make_prompts();
+    test_logits();
+    test_engine();
+    cllm_model_files_free(mf);
+    return test_summary();
+}
