@@ -6,7 +6,8 @@ tests/fixtures/gen_logits.py.
     python3 tests/gpu/gen_reference.py DIR OUT.json [--device cuda|cpu] [--workload FILE]
 
 Five prompts: one_token, random_64, workload_chat (the first workload question under the chat
-template), random_300, long_1000 (random ids are drawn below 151643, the first special id).
+template), random_300, long_1000 (random ids are drawn below <|endoftext|>, the first special id:
+151643 in Qwen2's vocabulary, 500 in the micro model's of tests/emu/make_micro_model.py).
 Each runs through two models:
   ref32    the BF16 checkpoint upcast to F32, eager attention, no TF32: exact math, the only
            differences from a correct implementation are summation order;
@@ -30,7 +31,7 @@ import warnings
 import torch
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-FIRST_SPECIAL = 151643  # <|endoftext|>; every id above is special (or padding in the vocab)
+FIRST_SPECIAL = 151643  # Qwen2's <|endoftext|> (bench_transformers.py's random prompts)
 
 
 def exact_math():
@@ -66,12 +67,17 @@ def default_device():
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def first_special(tok):
+    """<|endoftext|>'s id: every id from it on is special (or padding in the vocabulary)."""
+    return tok.convert_tokens_to_ids("<|endoftext|>")
+
+
 def prompts(tok, workload):
     """The five cases' prompt ids; the random ones come from per-case fixed generators, so
     adding or changing one case never changes another."""
     def rand(n, seed):
         g = torch.Generator().manual_seed(seed)
-        return torch.randint(0, FIRST_SPECIAL, (n,), generator=g).tolist()
+        return torch.randint(0, first_special(tok), (n,), generator=g).tolist()
 
     with open(workload, encoding="utf-8") as f:
         question = json.load(f)[0]
@@ -93,11 +99,11 @@ def all_logits(model, ids, device):
 
 
 @torch.no_grad()
-def greedy(model, ids, n, device):
+def greedy(model, ids, n, device, pad):
     x = torch.tensor([ids], device=device)
     out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n,
                          min_new_tokens=n, do_sample=False, num_beams=1, eos_token_id=None,
-                         pad_token_id=FIRST_SPECIAL)
+                         pad_token_id=pad)
     return out[0, len(ids):].tolist()
 
 
@@ -130,7 +136,7 @@ def main():
         c["argmax_ref32"] = logits.argmax(-1).tolist()
         c["ref32_logits"] = last.cpu()[c["sample_ids"]].tolist()
         c["range"] = float(last.max() - last.min())
-        c["greedy_ref32"] = greedy(ref, c["ids"], 32, device)
+        c["greedy_ref32"] = greedy(ref, c["ids"], 32, device, first_special(tok))
         del logits
     del ref
     if device == "cuda":
@@ -145,7 +151,7 @@ def main():
         c["bf16_max_abs_diff"] = float(diff.abs().max())
         c["bf16_argmax_agree"] = sum(x == y for x, y in zip(c["argmax_bf16"], c["argmax_ref32"])) / len(c["ids"])
         del logits
-        c["greedy_bf16"] = greedy(bf, c["ids"], 32, device)
+        c["greedy_bf16"] = greedy(bf, c["ids"], 32, device, first_special(tok))
         print(f"{c['name']:14s} {len(c['ids']):5d} tokens, range {c['range']:5.2f}; bf16 vs f32: "
               f"max |dlogit| {c['bf16_max_abs_diff']:.4f}, argmax agree {c['bf16_argmax_agree']:.3f}; "
               f"greedy: {len(set(c['greedy_ref32']))} distinct of 32")
