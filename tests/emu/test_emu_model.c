@@ -162,7 +162,7 @@ static void params(struct cllm_request_params *p, float temperature, uint64_t se
 static bool same(const struct answer *a, const struct answer *b)
 {
     return a->n == b->n && a->reason == b->reason && a->text.len == b->text.len &&
-           memcmp(a->text.data, b->text.data, a->text.len) == 0;
+           (a->text.len == 0 || memcmp(a->text.data, b->text.data, a->text.len) == 0);
 }
 
 static void free_answers(struct answer *a, int n)
