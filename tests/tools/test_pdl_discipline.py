@@ -15,7 +15,7 @@ from check_report import report
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 CUDA_DIR = os.path.join(ROOT, "src", "backend", "cuda")
 # kernel -> the only call allowed before its cllm_pdl_wait() (a loader of weights)
-WEIGHTS_FIRST = {"gemm_skinny": "load_w_chunks"}
+WEIGHTS_FIRST = {"gemm_skinny": "load_w_chunks", "gemm_tiled": "load_w_tile"}
 LAUNCH = re.compile(r"\bcllm_launch\(\s*(\w+)")
 KERNEL = re.compile(r"__global__[^;{]*?\b(\w+)\s*\(([^)]*)\)\s*\{", re.S)
 
@@ -36,7 +36,7 @@ def starts_with_wait(kernel, body):
     for stmt in filter(None, (s.strip() for s in body[:wait].split(";"))):
         calls = set(re.findall(r"\b(\w+)\s*(?:<[^;()]*>)?\s*\(", stmt))
         # declarations may call the pure helpers that compute rows and slices
-        if calls - {loader, "slice_start", "block_rows"}:
+        if calls - {loader, "slice_start", "block_rows", "for", "if", "sizeof"}:
             return False
         if "=" in stmt.replace("==", "").replace("<=", "").replace(">=", "") and \
                 re.search(r"\b(x|y|ep)\s*\[", stmt):

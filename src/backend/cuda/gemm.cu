@@ -28,6 +28,7 @@
 #define WARPS_M (TILE_M / WARP_M)
 #define TILED_THREADS (WARPS_M * (TILE_N / WARP_N) * 32)
 #define TILED_LOADS ((TILE_M + TILE_N) * VECS / TILED_THREADS) /* vectors per thread and chunk */
+#define TILED_LOADS_W (TILE_M * VECS / TILED_THREADS)          /* the first of them: W rows */
 
 int32_t cllm_cuda_gemm_slices(int32_t N, int32_t K)
 {
@@ -43,6 +44,7 @@ int32_t cllm_cuda_gemm_slices(int32_t N, int32_t K)
 #ifdef CLLM_HAVE_MMA
 
 static_assert((TILE_M + TILE_N) * VECS % TILED_THREADS == 0, "tiles load evenly");
+static_assert(TILE_M * VECS % TILED_THREADS == 0, "a thread's first loads are W rows only");
 
 int cllm_cuda_gemm_supported(const void *w, const void *x, int32_t K)
 {
@@ -302,18 +304,32 @@ static __device__ __forceinline__ uint4 load_tile_vec(const __nv_bfloat16 *w, co
     return load_x<SILU>(i < 0 ? NULL : x_row<SILU>(x, i, K), k, K);
 }
 
+/* The W part of a thread's vectors of chunk c of the tiled kernel (loads i < TILED_LOADS_W). */
+static __device__ __forceinline__ void load_w_tile(uint4 (&staged)[TILED_LOADS],
+                                                   const __nv_bfloat16 *w,
+                                                   const int32_t (&src)[TILED_LOADS], int32_t c,
+                                                   int32_t K)
+{
+#pragma unroll
+    for (int i = 0; i < TILED_LOADS_W; i++) {
+        const int idx = (int)threadIdx.x + i * TILED_THREADS;
+        staged[i] =
+            load_vec(src[i] < 0 ? NULL : w + (int64_t)src[i] * K, c * CHUNK + idx % VECS * 8, K);
+    }
+}
+
 /* Prefill steps: block = TILE_M rows x TILE_N tokens staged through shared memory (double
  * buffered: chunk c + 1 is fetched into registers while chunk c is multiplied). Each element
  * keeps the running slice (acc) apart from the finished ones (total), so the sums happen in
  * exactly the skinny kernel's order. With `partials`, block z computes slice z alone and
  * stores it there ([S][n][N]) for gemm_reduce: the same sums, spread over more blocks when
- * the tiles alone would leave SMs idle (N = 1536 at 192 tokens is 36 tiles). */
+ * the tiles alone would leave SMs idle (N = 1536 at 192 tokens is 36 tiles). As in the skinny
+ * kernel, the first chunk's W vectors are loaded before cllm_pdl_wait(). */
 template <bool SILU>
 static __global__ void __launch_bounds__(TILED_THREADS, 2)
     gemm_tiled(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K, const void *x,
                int32_t n, float *y, int32_t ldy, int32_t S, float *partials)
 {
-    cllm_pdl_wait();
     /* rows 0..TILE_M-1: the W rows of the tile; TILE_M..: its tokens */
     __shared__ uint4 tile[2][TILE_M + TILE_N][VECS];
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
@@ -347,11 +363,18 @@ static __global__ void __launch_bounds__(TILED_THREADS, 2)
     const int32_t c_end = partials ? slice_start(s + 1, chunks, S) : chunks;
     int32_t slice_end = slice_start(s + 1, chunks, S);
     bool first = true;
+    load_w_tile(staged, w, src, c_begin, K);
+    cllm_pdl_wait(); /* x, y and partials from here on */
+#pragma unroll
+    for (int i = TILED_LOADS_W; i < TILED_LOADS; i++) {
+        const int idx = tid + i * TILED_THREADS;
+        staged[i] =
+            load_tile_vec<SILU>(w, x, src[i], idx / VECS, c_begin * CHUNK + idx % VECS * 8, K);
+    }
 #pragma unroll
     for (int i = 0; i < TILED_LOADS; i++) {
         const int idx = tid + i * TILED_THREADS;
-        tile[0][idx / VECS][idx % VECS] =
-            load_tile_vec<SILU>(w, x, src[i], idx / VECS, c_begin * CHUNK + idx % VECS * 8, K);
+        tile[0][idx / VECS][idx % VECS] = staged[i];
     }
     __syncthreads();
     for (int32_t c = c_begin; c < c_end; c++) {
