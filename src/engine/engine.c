@@ -38,9 +38,8 @@ struct launched {
     int32_t n_entries;
     struct cllm_sample_row *rows; /* [max_seqs] how each output is drawn */
     int32_t *sampled;             /* [max_seqs] the drawn tokens (-1: sample on the host) */
-    int32_t n_outputs;
-    bool caller_rows;    /* some outputs are sampled on the host (penalties) */
-    const float *logits; /* without draws: the step's logits (host) */
+    bool caller_rows;             /* some outputs are sampled on the host (penalties) */
+    const float *logits;          /* without draws: the step's logits (host) */
 };
 
 struct cllm_engine {
@@ -347,7 +346,6 @@ static bool launch_next(struct cllm_engine *e)
     struct cllm_step st;
     build_step(e, &st);
     f->caller_rows = build_sample_rows(p, f->rows);
-    f->n_outputs = st.n_outputs;
     f->logits = NULL;
     enum cllm_status rc = e->draws
                               ? cllm_model_launch_sample(e->model, &e->kv, &st, f->rows, f->sampled)

@@ -713,20 +713,13 @@ static enum cllm_status run_and_draw_on_host(struct cllm_model *m, struct cllm_k
     }
     enum cllm_status st = forward_checked(m, kv, &s);
     size_t V = (size_t)m->hp.n_vocab;
-    float *scratch = NULL; /* a row's copy: the caller's rows of logits stay as they are */
+    /* In place: only the caller's rows of logits are promised to the caller (model.h). */
     for (int32_t i = 0; st == CLLM_OK && i < step->n_outputs; i++) {
         f->drawn[i] = -1;
-        if (rows[i].temperature < 0.0f)
-            continue;
-        if (!scratch && !(scratch = malloc(V * sizeof *scratch)))
+        if (rows[i].temperature >= 0.0f &&
+            (f->drawn[i] = draw_on_host(&rows[i], m->logits_host + (size_t)i * V, (int32_t)V)) < 0)
             st = CLLM_ERR_NOMEM;
-        else {
-            memcpy(scratch, m->logits_host + (size_t)i * V, V * sizeof *scratch);
-            if ((f->drawn[i] = draw_on_host(&rows[i], scratch, (int32_t)V)) < 0)
-                st = CLLM_ERR_NOMEM;
-        }
     }
-    free(scratch);
     return st;
 }
 
