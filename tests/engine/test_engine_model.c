@@ -318,16 +318,23 @@ static void test_invariance(void)
     }
 }
 
+/* The cancel and limit tests' engine (context 128, a queue of 2; run_ahead > 0 forces overlap
+ * and run-ahead on, else both off) and their requests: 100 tokens, no stop token. */
+static struct cllm_engine *small_engine(int32_t run_ahead, struct cllm_request_params *p)
+{
+    params(p, 100);
+    p->n_stop_ids = 0;
+    return engine_modes(0, 128, 128, 2, run_ahead > 0 ? 1 : -1, run_ahead > 0 ? 1 : -1);
+}
+
 /* A cancelled request ends within a step and gives its blocks back, with and without
  * run-ahead (which may hold it in a launched step). */
 static void test_cancel(int32_t run_ahead)
 {
-    struct cllm_engine *e = engine_modes(0, 128, 128, 2, run_ahead > 0 ? 1 : -1, run_ahead);
+    struct cllm_request_params p;
+    struct cllm_engine *e = small_engine(run_ahead, &p);
     if (!e)
         return;
-    struct cllm_request_params p;
-    params(&p, 100);
-    p.n_stop_ids = 0;
     char err[256] = "";
     struct cllm_request *r;
     CHECK(cllm_engine_submit(e, prompts[0].v, (int32_t)prompts[0].n, &p, &r, err, sizeof err) ==
@@ -354,12 +361,10 @@ static void test_cancel_and_limits(void)
 {
     test_cancel(-1);
     test_cancel(1);
-    struct cllm_engine *e = engine(0, 128, 128, 2);
+    struct cllm_request_params p;
+    struct cllm_engine *e = small_engine(-1, &p);
     if (!e)
         return;
-    struct cllm_request_params p;
-    params(&p, 100);
-    p.n_stop_ids = 0;
     char err[256] = "";
     struct cllm_request *r;
     struct cllm_request_output o = {0};
