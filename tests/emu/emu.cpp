@@ -171,6 +171,13 @@ static bool recorded(cudaStream_t s, std::function<void()> op)
     return true;
 }
 
+/* Copies and sets: now, or at the replay of the graph being captured. */
+static void on_stream(cudaStream_t s, const std::function<void()> &op)
+{
+    if (!recorded(s, op))
+        op();
+}
+
 void emu_launch(std::function<void()> body, dim3 grid3, dim3 block3, size_t smem, cudaStream_t stream)
 {
     if (recorded(stream, [=] { emu_launch(body, grid3, block3, smem, 0); }))
@@ -281,15 +288,13 @@ cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }
 cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind) { memcpy(d, s, n); return cudaSuccess; }
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind, cudaStream_t st)
 {
-    if (!recorded(st, [=] { memcpy(d, s, n); }))
-        memcpy(d, s, n);
+    on_stream(st, [=] { memcpy(d, s, n); });
     return cudaSuccess;
 }
 cudaError_t cudaMemset(void *d, int v, size_t n) { memset(d, v, n); return cudaSuccess; }
 cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t st)
 {
-    if (!recorded(st, [=] { memset(d, v, n); }))
-        memset(d, v, n);
+    on_stream(st, [=] { memset(d, v, n); });
     return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
