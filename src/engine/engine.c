@@ -215,7 +215,7 @@ static void build_step(struct cllm_engine *e, struct cllm_step *st)
     for (int32_t j = 0; j < p->n_entries; j++) {
         const struct cllm_sched_entry *en = &p->entries[j];
         const struct cllm_request *r = en->req;
-        int32_t known = r->n_tokens - r->n_unseen;
+        int32_t known = cllm_request_n_known(r);
         for (int32_t k = 0; k < en->n_new; k++, n++) {
             int32_t pos = en->start + k;
             e->tokens[n] = pos < known ? r->tokens[pos] : -1 - r->unseen_output;

@@ -124,7 +124,7 @@ enum cllm_status cllm_request_append(struct cllm_request *r, int32_t token)
 
 int32_t cllm_request_n_generated(const struct cllm_request *r)
 {
-    return r->n_tokens - r->n_unseen - r->n_prompt;
+    return cllm_request_n_known(r) - r->n_prompt;
 }
 
 void cllm_request_cancel(struct cllm_request *r)

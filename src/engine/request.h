@@ -109,6 +109,11 @@ void cllm_request_release(struct cllm_request *r);
 
 /* Appends a token (engine thread). */
 enum cllm_status cllm_request_append(struct cllm_request *r, int32_t token);
+/* Tokens the host knows: all but the trailing placeholders of launched steps (engine thread). */
+static inline int32_t cllm_request_n_known(const struct cllm_request *r)
+{
+    return r->n_tokens - r->n_unseen;
+}
 /* Generated tokens the host knows (engine thread). */
 int32_t cllm_request_n_generated(const struct cllm_request *r);
 

@@ -248,7 +248,7 @@ void cllm_scheduler_schedule(struct cllm_scheduler *s)
 
 void cllm_scheduler_publish(struct cllm_scheduler *s, struct cllm_request *r)
 {
-    int32_t bs = s->pool.block_size, known = r->n_tokens - r->n_unseen;
+    int32_t bs = s->pool.block_size, known = cllm_request_n_known(r);
     int32_t end = r->n_computed < known ? r->n_computed : known;
     if (!s->prefix_cache || r->state != CLLM_REQ_RUNNING)
         return;
