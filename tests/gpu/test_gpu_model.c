@@ -105,37 +105,58 @@ static bool feed(struct runner *r, int32_t seq, const int32_t *ids, int32_t n, i
     return true;
 }
 
+/* Feeds the n_seqs prompts; first[s] gets the argmax after prompt s. */
+static bool feed_prompts(struct runner *r, int32_t n_seqs, int32_t *const *prompts,
+                         const int32_t *lens, int32_t *first)
+{
+    float *last = malloc((size_t)r->n_vocab * 4);
+    bool ok = true;
+    for (int32_t s = 0; s < n_seqs && ok; s++)
+        if ((ok = feed(r, s, prompts[s], lens[s], NULL, last)))
+            first[s] = test_argmax(last, r->n_vocab);
+    free(last);
+    return ok;
+}
+
+/* Decode step k of n_seqs sequences: token tok[s] of each at position lens[s] + k, every
+ * token an output, drawn greedily. st points into the struct. */
+struct decode_step {
+    int32_t tok[MAX_SEQS], pos[MAX_SEQS], seq[MAX_SEQS], slot[MAX_SEQS], outs[MAX_SEQS];
+    int32_t table[MAX_SEQS][BLOCKS_PER_SEQ];
+    struct cllm_sample_row rows[MAX_SEQS];
+    struct cllm_step st;
+};
+
+static void decode_step(struct decode_step *d, const struct runner *r, int32_t n_seqs,
+                        const int32_t *lens, int32_t k, const int32_t *tok)
+{
+    for (int32_t s = 0; s < n_seqs; s++) {
+        d->tok[s] = tok[s];
+        d->pos[s] = lens[s] + k;
+        d->seq[s] = d->outs[s] = s;
+        d->slot[s] = r->table[s][d->pos[s] / BLOCK] * BLOCK + d->pos[s] % BLOCK;
+        memcpy(d->table[s], r->table[s], sizeof d->table[s]);
+        d->rows[s] = (struct cllm_sample_row){0.0f, 0, 1.0f, 0.0f, 1, (uint64_t)k};
+    }
+    d->st = (struct cllm_step){n_seqs,          d->tok, d->pos,         d->seq, d->slot,
+                               &d->table[0][0], n_seqs, BLOCKS_PER_SEQ, n_seqs, d->outs};
+}
+
 /* Greedy decoding of n_seqs prompts together: every step holds one token of each sequence
  * (decode steps, which the model records and replays), sampled on the device. */
 static bool greedy(struct runner *r, int32_t n_seqs, int32_t *const *prompts, const int32_t *lens,
                    int32_t out[][N_GREEDY])
 {
     int32_t next[MAX_SEQS];
-    float *last = malloc((size_t)r->n_vocab * 4);
-    for (int32_t s = 0; s < n_seqs; s++) {
-        if (!feed(r, s, prompts[s], lens[s], NULL, last)) {
-            free(last);
-            return false;
-        }
-        next[s] = test_argmax(last, r->n_vocab);
-    }
-    free(last);
+    if (!feed_prompts(r, n_seqs, prompts, lens, next))
+        return false;
     for (int32_t k = 0; k < N_GREEDY; k++) {
-        int32_t tok[MAX_SEQS], pos[MAX_SEQS], seq[MAX_SEQS], slot[MAX_SEQS], outs[MAX_SEQS];
-        int32_t table[MAX_SEQS][BLOCKS_PER_SEQ];
-        struct cllm_sample_row rows[MAX_SEQS];
-        for (int32_t s = 0; s < n_seqs; s++) {
-            out[s][k] = tok[s] = next[s];
-            pos[s] = lens[s] + k;
-            seq[s] = outs[s] = s;
-            slot[s] = r->table[s][pos[s] / BLOCK] * BLOCK + pos[s] % BLOCK;
-            memcpy(table[s], r->table[s], sizeof table[s]);
-            rows[s] = (struct cllm_sample_row){0.0f, 0, 1.0f, 0.0f, 1, (uint64_t)k};
-        }
-        struct cllm_step st = {n_seqs, tok, pos, seq, slot, &table[0][0], n_seqs, BLOCKS_PER_SEQ,
-                               n_seqs, outs};
+        struct decode_step d;
+        for (int32_t s = 0; s < n_seqs; s++)
+            out[s][k] = next[s];
+        decode_step(&d, r, n_seqs, lens, k, next);
         const float *logits;
-        enum cllm_status rc = cllm_model_forward_sample(r->m, &r->kv, &st, rows, next, &logits);
+        enum cllm_status rc = cllm_model_forward_sample(r->m, &r->kv, &d.st, d.rows, next, &logits);
         CHECKF(rc == CLLM_OK, "decode step failed: %d", (int)rc);
         if (rc)
             return false;
@@ -148,32 +169,17 @@ static bool greedy(struct runner *r, int32_t n_seqs, int32_t *const *prompts, co
 static bool greedy_ahead(struct runner *r, int32_t n_seqs, int32_t *const *prompts,
                          const int32_t *lens, int32_t out[][N_GREEDY])
 {
-    int32_t drawn[2][MAX_SEQS];
-    float *last = malloc((size_t)r->n_vocab * 4);
-    for (int32_t s = 0; s < n_seqs; s++) {
-        if (!feed(r, s, prompts[s], lens[s], NULL, last)) {
-            free(last);
-            return false;
-        }
-        out[s][0] = test_argmax(last, r->n_vocab);
-    }
-    free(last);
+    int32_t drawn[2][MAX_SEQS], first[MAX_SEQS], refs[MAX_SEQS];
+    if (!feed_prompts(r, n_seqs, prompts, lens, first))
+        return false;
+    for (int32_t s = 0; s < n_seqs; s++)
+        out[s][0] = first[s], refs[s] = -1 - s;
     for (int32_t k = 0; k <= N_GREEDY; k++) {
         if (k < N_GREEDY) {
-            int32_t tok[MAX_SEQS], pos[MAX_SEQS], seq[MAX_SEQS], slot[MAX_SEQS], outs[MAX_SEQS];
-            int32_t table[MAX_SEQS][BLOCKS_PER_SEQ];
-            struct cllm_sample_row rows[MAX_SEQS];
-            for (int32_t s = 0; s < n_seqs; s++) {
-                tok[s] = k == 0 ? out[s][0] : -1 - s;
-                pos[s] = lens[s] + k;
-                seq[s] = outs[s] = s;
-                slot[s] = r->table[s][pos[s] / BLOCK] * BLOCK + pos[s] % BLOCK;
-                memcpy(table[s], r->table[s], sizeof table[s]);
-                rows[s] = (struct cllm_sample_row){0.0f, 0, 1.0f, 0.0f, 1, (uint64_t)k};
-            }
-            struct cllm_step st = {n_seqs,         tok,    pos, seq, slot, &table[0][0], n_seqs,
-                                   BLOCKS_PER_SEQ, n_seqs, outs};
-            enum cllm_status rc = cllm_model_launch_sample(r->m, &r->kv, &st, rows, drawn[k % 2]);
+            struct decode_step d;
+            decode_step(&d, r, n_seqs, lens, k, k == 0 ? first : refs);
+            enum cllm_status rc =
+                cllm_model_launch_sample(r->m, &r->kv, &d.st, d.rows, drawn[k % 2]);
             CHECKF(rc == CLLM_OK, "run-ahead: launching decode step %d failed: %d", (int)k,
                    (int)rc);
             if (rc)
