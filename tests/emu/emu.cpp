@@ -171,8 +171,7 @@ static bool recorded(cudaStream_t s, std::function<void()> op)
     return true;
 }
 
-/* Copies and sets: now, or at the replay of the graph being captured. */
-static void on_stream(cudaStream_t s, const std::function<void()> &op)
+void emu_on_stream(cudaStream_t s, const std::function<void()> &op)
 {
     if (!recorded(s, op))
         op();
@@ -288,13 +287,13 @@ cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }
 cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind) { memcpy(d, s, n); return cudaSuccess; }
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind, cudaStream_t st)
 {
-    on_stream(st, [=] { memcpy(d, s, n); });
+    emu_on_stream(st, [=] { memcpy(d, s, n); });
     return cudaSuccess;
 }
 cudaError_t cudaMemset(void *d, int v, size_t n) { memset(d, v, n); return cudaSuccess; }
 cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t st)
 {
-    on_stream(st, [=] { memset(d, v, n); });
+    emu_on_stream(st, [=] { memset(d, v, n); });
     return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }

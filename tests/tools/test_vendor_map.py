@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
 """The MUSA seam stays complete: every CUDA runtime / cuBLAS name that src/backend/cuda uses
 (cuda*, cublas*, CUBLAS_*, CUDA_R_*) has its #define to a MUSA twin in vendor.h, and CUDA
-headers are included only by vendor.h. We cannot build for MUSA here; this keeps the mapping
-from silently falling behind the code."""
+headers are included only by vendor.h; and no kernel calls a warp intrinsic whose result
+depends on the warp's width except through warp.h. We cannot build for MUSA here; this keeps
+the mapping from silently falling behind the code."""
 import os
 import re
 import sys
 
 from check_report import report
+
+# Warp collectives whose meaning depends on the hardware's warp width (32 on NVIDIA, 128 on
+# Moore Threads' QY1/QY2): kernels call warp.h's 32-lane wrappers instead.
+RAW_WARP = re.compile(r"\b(__shfl\w*_sync|__ballot_sync|__any_sync|__all_sync|__activemask|__match\w*_sync|warpSize)\b")
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 CUDA_DIR = os.path.join(ROOT, "src", "backend", "cuda")
@@ -28,6 +33,9 @@ def main():
         code = re.sub(r'"(\\.|[^"\\])*"', '""', no_comments)  # names in messages do not count
         for n in NAME.findall(code):
             used.setdefault(n, name)
+        if name != "warp.h":
+            for raw in sorted(set(RAW_WARP.findall(code))):
+                failures.append(f"{name} calls {raw}: use warp.h's 32-lane wrappers")
         for inc in INCLUDE.findall(no_comments):
             failures.append(f"{name} includes {inc} itself: only vendor.h may")
         first = re.search(r'#include\s*[<"]([^>"]+)[>"]', no_comments)

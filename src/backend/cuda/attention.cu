@@ -24,6 +24,7 @@
 #include "backend/cuda/vendor.h"
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/warp.h"
 
 #define TILE 32       /* keys per tile */
 #define MAX_GROUP 16  /* attention_simt: query heads per KV head (warps per block) */
@@ -91,14 +92,14 @@ static __device__ __forceinline__ int32_t *split_count(const split_scratch &sc, 
 template <int WIDTH> static __device__ __forceinline__ float group_max(float v)
 {
     for (int o = WIDTH / 2; o > 0; o >>= 1)
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+        v = fmaxf(v, cllm_shfl_xor(v, o));
     return v;
 }
 
 template <int WIDTH> static __device__ __forceinline__ float group_sum(float v)
 {
     for (int o = WIDTH / 2; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
+        v += cllm_shfl_xor(v, o);
     return v;
 }
 
@@ -180,7 +181,7 @@ static __global__ void __launch_bounds__(32 * MAX_GROUP)
             acc[i] *= corr;
         int32_t n_keys = min(TILE, end - p0);
         for (int j = 0; j < n_keys; j++) {
-            float wj = __shfl_sync(0xffffffffu, w, j);
+            float wj = cllm_shfl(w, j);
             const __nv_bfloat16 *vr = &vs[j][lane * D];
 #pragma unroll
             for (int i = 0; i < D; i++)
@@ -297,10 +298,10 @@ static __global__ void __launch_bounds__(MMA_WARPS * 32)
     /* The tile's length: lane x looks at the tokens 1 + x and 33 + x after t0 (tile_tokens
      * <= 64), and the first that does not continue the tile ends it. Every warp alike. */
     const int32_t c0 = 1 + lane, c1 = 33 + lane;
-    const unsigned end0 = __ballot_sync(0xffffffffu, c0 >= tile_tokens || t0 + c0 >= b.n_tokens ||
-                                                         leads_tile(b, t0 + c0, tile_tokens));
-    const unsigned end1 = __ballot_sync(0xffffffffu, c1 >= tile_tokens || t0 + c1 >= b.n_tokens ||
-                                                         leads_tile(b, t0 + c1, tile_tokens));
+    const unsigned end0 = cllm_ballot(c0 >= tile_tokens || t0 + c0 >= b.n_tokens ||
+                                      leads_tile(b, t0 + c0, tile_tokens));
+    const unsigned end1 = cllm_ballot(c1 >= tile_tokens || t0 + c1 >= b.n_tokens ||
+                                      leads_tile(b, t0 + c1, tile_tokens));
     const int32_t count = end0 ? __ffs(end0) : 32 + __ffs(end1);
     /* Keys the block loads: the union of its rows' ranges (each row masks the rest); and
      * the most splits a row of the tile has (blocks split < that one have keys to read). */
@@ -313,9 +314,9 @@ static __global__ void __launch_bounds__(MMA_WARPS * 32)
         tile_splits = max(tile_splits, n_splits_for(b.pos[t0 + i] + 1));
     }
     for (int o = 16; o > 0; o >>= 1) {
-        lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
-        hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
-        tile_splits = max(tile_splits, __shfl_xor_sync(0xffffffffu, tile_splits, o));
+        lo = min(lo, cllm_shfl_xor(lo, o));
+        hi = max(hi, cllm_shfl_xor(hi, o));
+        tile_splits = max(tile_splits, cllm_shfl_xor(tile_splits, o));
     }
     if (lo >= hi)
         return; /* no row has keys in this split; no barrier has been reached yet */

@@ -60,12 +60,14 @@ struct draw {
 
 struct cuda {
     struct cllm_backend be;
+    struct cllm_backend_iface iface; /* cuda_iface, less the recordings where they are off */
     int device;
     cudaStream_t stream;
-    struct cllm_blas blas_api; /* loaded at run time (blas.h); blas_api.lib NULL: none */
+    struct cllm_blas blas_api; /* bound at start-up (blas.h) */
     cublasHandle_t blas;       /* NULL without the library */
     void *blas_workspace;
-    bool cublas_only;    /* CLLM_CUBLAS=1: every GEMM through cuBLAS (not batch-invariant) */
+    bool cublas_only;    /* every GEMM through the BLAS (not batch-invariant): CLLM_CUBLAS=1, or a
+                            build without MMA */
     bool attention_simt; /* CLLM_ATTN_SIMT=1: the CUDA-core attention kernel (comparison) */
     void *gemm_scratch;  /* slices of the tiled GEMM run in parallel through this (gemm.h) */
     size_t gemm_scratch_size;
@@ -105,7 +107,9 @@ static enum cllm_status check_blas(const struct cllm_blas *api, cublasStatus_t s
 {
     if (s == CUBLAS_STATUS_SUCCESS)
         return CLLM_OK;
-    cllm_log(CLLM_LOG_ERROR, "cuda: %s failed: %s", what, api->status_string(s));
+    char text[32];
+    cllm_log(CLLM_LOG_ERROR, "cuda: %s failed: %s", what,
+             cllm_blas_status(api, s, text, sizeof text));
     return s == CUBLAS_STATUS_ALLOC_FAILED ? CLLM_ERR_NOMEM : CLLM_ERR_DEVICE;
 }
 
@@ -784,7 +788,16 @@ extern "C" enum cllm_status cllm_backend_cuda_new(struct cllm_backend **out, int
         return cllm_fail(err, err_len, CLLM_ERR_NOMEM, "out of memory");
     c->device = device;
     c->last_draw = -1;
-    c->be.iface = &cuda_iface;
+    c->iface = cuda_iface;
+#ifdef CLLM_GRAPHS_OPT_IN
+    if (!env_is_one(CLLM_GRAPHS_OPT_IN)) {
+        c->iface.graph_begin = NULL; /* the model then runs every step op by op */
+        c->iface.graph_end = NULL;
+        cllm_log(CLLM_LOG_INFO, "cuda: steps are not recorded (set %s=1 to record them)",
+                 CLLM_GRAPHS_OPT_IN);
+    }
+#endif
+    c->be.iface = &c->iface;
     c->be.ctx = c;
     const char *step = "cudaSetDevice";
     e = cudaSetDevice(device);
@@ -808,24 +821,37 @@ extern "C" enum cllm_status cllm_backend_cuda_new(struct cllm_backend **out, int
         cublasStatus_t s = c->blas_api.create(&c->blas);
         if (s == CUBLAS_STATUS_SUCCESS)
             s = c->blas_api.set_stream(c->blas, c->stream);
-        if (s == CUBLAS_STATUS_SUCCESS)
+        if (s == CUBLAS_STATUS_SUCCESS && c->blas_api.set_workspace)
             s = c->blas_api.set_workspace(c->blas, c->blas_workspace, BLAS_WORKSPACE_BYTES);
         if (s != CUBLAS_STATUS_SUCCESS) {
             cllm_fail(err, err_len, CLLM_ERR_DEVICE, "CUDA device %d: cuBLAS: %s", (int)device,
-                      c->blas_api.status_string(s));
+                      cllm_blas_status(&c->blas_api, s, blas_err, sizeof blas_err));
             cu_free(&c->be);
             return CLLM_ERR_DEVICE;
         }
     } else {
+#ifndef CLLM_HAVE_MMA
+        /* without tensor-core MMA our GEMM is not built: the BLAS does every GEMM */
+        cllm_fail(err, err_len, CLLM_ERR_DEVICE,
+                  "CUDA device %d: this build needs the vendor BLAS: %s", (int)device, blas_err);
+        cu_free(&c->be);
+        return CLLM_ERR_DEVICE;
+#else
         cllm_log(CLLM_LOG_INFO, "cuda: no cuBLAS (%s): our GEMM only", blas_err);
+#endif
     }
     c->cublas_only = env_is_one("CLLM_CUBLAS");
     if (c->cublas_only && !c->blas) {
         cllm_log(CLLM_LOG_WARN, "cuda: CLLM_CUBLAS=1 ignored: cuBLAS could not be loaded");
         c->cublas_only = false;
     }
+    const char *gemm =
+        c->cublas_only ? "cuBLAS (CLLM_CUBLAS=1, not batch-invariant)" : "ours, batch-invariant";
     c->attention_simt = env_is_one("CLLM_ATTN_SIMT");
 #ifndef CLLM_HAVE_MMA
+    /* our GEMM and the tensor-core attention need mma.sync */
+    c->cublas_only = true;
+    gemm = "the vendor BLAS (not batch-invariant)";
     c->attention_simt = true;
 #endif
     struct cudaDeviceProp prop;
@@ -835,8 +861,7 @@ extern "C" enum cllm_status cllm_backend_cuda_new(struct cllm_backend **out, int
                  "cuda: device %d: %s, %d SMs, %.1f GiB, compute %d.%d, GEMM: %s, attention: %s, "
                  "programmatic dependent launch: %s",
                  (int)device, prop.name, prop.multiProcessorCount,
-                 (double)prop.totalGlobalMem / (1 << 30), prop.major, prop.minor,
-                 c->cublas_only ? "cuBLAS (CLLM_CUBLAS=1, not batch-invariant)" : "batch-invariant",
+                 (double)prop.totalGlobalMem / (1 << 30), prop.major, prop.minor, gemm,
                  c->attention_simt ? "CUDA cores" : "tensor cores", cllm_cuda_pdl ? "on" : "off");
     }
     *out = &c->be;

@@ -1,6 +1,9 @@
-/* Loads the vendor BLAS at run time (blas.h). The symbol names come from the same macros the
- * headers use (cublasCreate is cublasCreate_v2; in a MUSA build vendor.h renames them), so
- * the names looked up are the ones a link would have used. */
+/* Binds the vendor BLAS (blas.h). cuBLAS is opened at run time: the symbol names come from
+ * the same macros the headers use (cublasCreate is cublasCreate_v2), so the names looked up
+ * are the ones a link would have used. muBLAS is linked instead: its mublasGemmEx is a C++
+ * overload set (the SDK exports it with C++ linkage, so no C name finds it), and taking its
+ * address as our pointer type lets the compiler pick the overload that takes a
+ * mublasComputeType_t. */
 #include "backend/cuda/vendor.h"
 
 #include <dlfcn.h>
@@ -8,6 +11,28 @@
 #include <string.h>
 
 #include "backend/cuda/blas.h"
+
+#if defined(CLLM_MUSA)
+
+bool cllm_blas_load(struct cllm_blas *b, char *err, size_t err_len)
+{
+    (void)err, (void)err_len;
+    memset(b, 0, sizeof *b);
+    b->create = cublasCreate;
+    b->destroy = cublasDestroy;
+    b->set_stream = cublasSetStream;
+    b->gemm_ex = cublasGemmEx;
+    /* no workspace call and no status text: neither is in llama.cpp's MUSA map, the one
+     * known to build against the SDK */
+    return true;
+}
+
+void cllm_blas_unload(struct cllm_blas *b)
+{
+    memset(b, 0, sizeof *b);
+}
+
+#else
 
 static void *open_library(char *err, size_t err_len)
 {
@@ -33,17 +58,19 @@ bool cllm_blas_load(struct cllm_blas *b, char *err, size_t err_len)
     struct {
         void **fn;
         const char *name;
+        bool optional;
     } syms[] = {
-        {(void **)&b->create, CLLM_VENDOR_STR(cublasCreate)},
-        {(void **)&b->destroy, CLLM_VENDOR_STR(cublasDestroy)},
-        {(void **)&b->set_stream, CLLM_VENDOR_STR(cublasSetStream)},
-        {(void **)&b->set_workspace, CLLM_VENDOR_STR(cublasSetWorkspace)},
-        {(void **)&b->gemm_ex, CLLM_VENDOR_STR(cublasGemmEx)},
-        {(void **)&b->status_string, CLLM_VENDOR_STR(cublasGetStatusString)},
+        {(void **)&b->create, CLLM_VENDOR_STR(cublasCreate), false},
+        {(void **)&b->destroy, CLLM_VENDOR_STR(cublasDestroy), false},
+        {(void **)&b->set_stream, CLLM_VENDOR_STR(cublasSetStream), false},
+        /* muBLAS's API documents no workspace call (llama.cpp's MUSA map has none) */
+        {(void **)&b->set_workspace, CLLM_VENDOR_STR(cublasSetWorkspace), true},
+        {(void **)&b->gemm_ex, CLLM_VENDOR_STR(cublasGemmEx), false},
+        {(void **)&b->status_string, CLLM_VENDOR_STR(cublasGetStatusString), false},
     };
     for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
         *syms[i].fn = dlsym(lib, syms[i].name);
-        if (!*syms[i].fn) {
+        if (!*syms[i].fn && !syms[i].optional) {
             snprintf(err, err_len, "%s has no %s", CLLM_BLAS_LIBRARY, syms[i].name);
             dlclose(lib);
             memset(b, 0, sizeof *b);
@@ -60,3 +87,5 @@ void cllm_blas_unload(struct cllm_blas *b)
         dlclose(b->lib);
     memset(b, 0, sizeof *b);
 }
+
+#endif

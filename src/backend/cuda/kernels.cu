@@ -8,6 +8,7 @@
 #include "backend/cuda/vendor.h"
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/warp.h"
 
 #define BLOCK 256
 
@@ -22,14 +23,14 @@ static __device__ float block_sum(float v)
 {
     __shared__ float warp_sums[32];
     for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
+        v += cllm_shfl_xor(v, o);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
     if (lane == 0)
         warp_sums[warp] = v;
     __syncthreads();
     v = lane < n_warps ? warp_sums[lane] : 0.0f;
     for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
+        v += cllm_shfl_xor(v, o);
     __syncthreads(); /* warp_sums may be reused by the next call */
     return v;
 }

@@ -34,13 +34,13 @@
 #include <stdint.h>
 
 #include "backend/cuda/sample.h"
+#include "backend/cuda/warp.h"
 
 #ifndef CLLM_CUDA_SAMPLE_THREADS
 #define CLLM_CUDA_SAMPLE_THREADS 1024 /* a power of two, 32..1024 */
 #endif
 #define THREADS CLLM_CUDA_SAMPLE_THREADS
 #define WARPS (THREADS / 32)
-#define FULL 0xffffffffu
 #define NONE 0xffffffffu
 #define UNROLL 4 /* loads in flight per thread in a pass */
 
@@ -143,7 +143,7 @@ static __device__ uint64_t block_max_u64(uint64_t v, struct block_state *st)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int o = 16; o > 0; o >>= 1) {
-        uint64_t w = __shfl_xor_sync(FULL, v, o);
+        uint64_t w = cllm_shfl_xor(v, o);
         v = w > v ? w : v;
     }
     if (lane == 0)
@@ -151,7 +151,7 @@ static __device__ uint64_t block_max_u64(uint64_t v, struct block_state *st)
     __syncthreads();
     v = lane < WARPS ? st->u64[lane] : 0;
     for (int o = 16; o > 0; o >>= 1) {
-        uint64_t w = __shfl_xor_sync(FULL, v, o);
+        uint64_t w = cllm_shfl_xor(v, o);
         v = w > v ? w : v;
     }
     __syncthreads();
@@ -162,7 +162,7 @@ static __device__ uint32_t block_min_u32(uint32_t v, struct block_state *st)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int o = 16; o > 0; o >>= 1) {
-        uint32_t w = __shfl_xor_sync(FULL, v, o);
+        uint32_t w = cllm_shfl_xor(v, o);
         v = w < v ? w : v;
     }
     if (lane == 0)
@@ -170,7 +170,7 @@ static __device__ uint32_t block_min_u32(uint32_t v, struct block_state *st)
     __syncthreads();
     v = lane < WARPS ? st->u32[lane] : NONE;
     for (int o = 16; o > 0; o >>= 1) {
-        uint32_t w = __shfl_xor_sync(FULL, v, o);
+        uint32_t w = cllm_shfl_xor(v, o);
         v = w < v ? w : v;
     }
     __syncthreads();
@@ -184,7 +184,7 @@ template <class T> static __device__ T block_scan(T v, T *total, T *warp_sums)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     T x = v;
     for (int o = 1; o < 32; o <<= 1) {
-        T y = __shfl_up_sync(FULL, x, o);
+        T y = cllm_shfl_up(x, o);
         if (lane >= o)
             x += y;
     }
@@ -193,13 +193,13 @@ template <class T> static __device__ T block_scan(T v, T *total, T *warp_sums)
     __syncthreads();
     T w = lane < WARPS ? warp_sums[lane] : T(0);
     for (int o = 1; o < 32; o <<= 1) {
-        T y = __shfl_up_sync(FULL, w, o);
+        T y = cllm_shfl_up(w, o);
         if (lane >= o)
             w += y;
     }
-    T before_warp = __shfl_sync(FULL, w, (warp + 31) & 31);
-    *total = __shfl_sync(FULL, w, 31);
-    T before_lane = __shfl_up_sync(FULL, x, 1);
+    T before_warp = cllm_shfl(w, (warp + 31) & 31);
+    *total = cllm_shfl(w, 31);
+    T before_lane = cllm_shfl_up(x, 1);
     __syncthreads();
     return (warp ? before_warp : T(0)) + (lane ? before_lane : T(0));
 }
@@ -391,20 +391,20 @@ static __device__ int32_t draw_from_sums(const float *__restrict__ l, int32_t n,
             }
             double c = w;
             for (int o = 1; o < 32; o <<= 1) {
-                double y = __shfl_up_sync(FULL, c, o);
+                double y = cllm_shfl_up(c, o);
                 if (lane >= o)
                     c += y;
             }
             c += cum;
-            const unsigned hit = __ballot_sync(FULL, w > 0.0 && target < c);
-            const unsigned pos = __ballot_sync(FULL, w > 0.0);
+            const unsigned hit = cllm_ballot(w > 0.0 && target < c);
+            const unsigned pos = cllm_ballot(w > 0.0);
             if (pos)
                 last = (j0 + 31 - __clz(pos)) * THREADS + (int32_t)who;
             if (hit) {
                 found = (j0 + __ffs(hit) - 1) * THREADS + (int32_t)who;
                 break;
             }
-            cum = __shfl_sync(FULL, c, 31);
+            cum = cllm_shfl(c, 31);
         }
         if (lane == 0)
             st->token = found >= 0 ? found : last >= 0 ? last : fallback;
@@ -477,13 +477,13 @@ static __device__ double pass_gather(const float *__restrict__ l, int32_t n, flo
                 if (!take && rest)
                     z += (double)expf(x - mx);
             }
-            const unsigned want = __ballot_sync(FULL, take);
+            const unsigned want = cllm_ballot(take);
             if (want) {
                 const int leader = __ffs(want) - 1;
                 uint32_t slot = 0;
                 if (lane == leader)
                     slot = atomicAdd(&st->n_cand, (uint32_t)__popc(want));
-                slot = __shfl_sync(FULL, slot, leader) + __popc(want & ((1u << lane) - 1));
+                slot = cllm_shfl(slot, leader) + __popc(want & ((1u << lane) - 1));
                 if (take && slot < cap)
                     cand[slot] = pack(k, i);
             }

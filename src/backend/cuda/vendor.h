@@ -63,7 +63,8 @@
 #define cudaEventDestroy musaEventDestroy
 #define cudaStreamBeginCapture musaStreamBeginCapture
 #define cudaStreamEndCapture musaStreamEndCapture
-#define cudaStreamCaptureModeThreadLocal musaStreamCaptureModeThreadLocal
+/* llama.cpp's MUSA graphs capture in relaxed mode, the one mode its map names */
+#define cudaStreamCaptureModeThreadLocal musaStreamCaptureModeRelaxed
 #define cudaGraph_t musaGraph_t
 #define cudaGraphExec_t musaGraphExec_t
 #define cudaGraphInstantiate musaGraphInstantiate
@@ -77,7 +78,9 @@
 /* bf16 */
 #define __nv_bfloat16 __mt_bfloat16
 #define __nv_bfloat162 __mt_bfloat162
-/* BLAS: the GEMM goes through mublasGemmEx, the cublasGemmEx twin. */
+/* BLAS: linked (blas.cu); the GEMM goes through mublasGemmEx, the cublasGemmEx twin, in its
+ * overload taking a mublasComputeType_t (the signature the SDK's C++ symbol spells out:
+ * musaDataType_t operands, mublasComputeType_t, mublasGemmAlgo_t). */
 #define cublasHandle_t mublasHandle_t
 #define cublasStatus_t mublasStatus_t
 #define CUBLAS_STATUS_SUCCESS MUBLAS_STATUS_SUCCESS
@@ -97,11 +100,16 @@
 #define CUDA_R_16BF MUSA_R_16BF
 #define CUDA_R_32F MUSA_R_32F
 #define cublasOperation_t mublasOperation_t
-#define cudaDataType musaDataType
+#define cudaDataType musaDataType_t
 #define cublasComputeType_t mublasComputeType_t
 #define cublasGemmAlgo_t mublasGemmAlgo_t
-/* blas.cu opens it at run time */
-#define CLLM_BLAS_LIBRARY "libmublas.so"
+
+/* QY1/QY2 GPUs (MTT S80, S4000) run 128 threads per hardware warp: warp.h builds ballots from
+ * 32-lane shuffles. */
+#define CLLM_WIDE_WARPS 1
+/* llama.cpp calls MUSA graphs "experimental, unstable" (GGML_MUSA_GRAPHS, off by default):
+ * steps are not recorded unless CLLM_MUSA_GRAPHS=1 (backend_cuda.cu). */
+#define CLLM_GRAPHS_OPT_IN "CLLM_MUSA_GRAPHS"
 
 /* No programmatic dependent launch: kernels are launched the classic way (see below). */
 static __device__ __forceinline__ void cllm_pdl_wait(void)

@@ -71,6 +71,9 @@ struct dim3 {
     dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 void emu_launch(std::function<void()> body, dim3 grid, dim3 block, size_t smem = 0, cudaStream_t s = 0);
+/* Host work on a stream (copies, sets, the emulated BLAS): now, or at the replay of the graph
+ * being captured. */
+void emu_on_stream(cudaStream_t s, const std::function<void()> &op);
 
 /* Call sites are source lines: the compiler may duplicate code, never lines. */
 #define EMU_SITE ((void *)(uintptr_t)__LINE__)
@@ -81,39 +84,59 @@ template <class T> static inline uint64_t emu_bits(T v) { uint64_t b = 0; memcpy
 template <class T> static inline T emu_from(uint64_t b) { T v; memcpy(&v, &b, sizeof v); return v; }
 
 #define EMU_LANE ((int)(threadIdx.x & 31))
-template <class T> static T emu__shfl_sync(void *site, unsigned mask, T v, int src)
+/* Shuffles over groups of `width` lanes (a power of two, at most 32), as CUDA defines them: a
+ * source lane is taken within the caller's group; shfl_up / shfl_down keep their own value past
+ * the group's edge, shfl_xor past its end. */
+static inline int emu_width(int width)
 {
-    if (mask != 0xffffffffu) { fprintf(stderr, "emu: partial shuffle mask\n"); abort(); }
-    uint64_t a[32];
-    emu_warp_exchange(emu_bits(v), a, site);
-    return emu_from<T>(a[src & 31]);
+    if (width < 1 || width > 32 || (width & (width - 1))) {
+        fprintf(stderr, "emu: shuffle width %d\n", width);
+        abort();
+    }
+    return width;
 }
-template <class T> static T emu__shfl_up_sync(void *site, unsigned mask, T v, unsigned d)
+static inline void emu_full_mask(unsigned mask)
 {
-    if (mask != 0xffffffffu) abort();
-    uint64_t a[32];
-    emu_warp_exchange(emu_bits(v), a, site);
-    int s = EMU_LANE - (int)d;
-    return s < 0 ? v : emu_from<T>(a[s]);
+    if (mask != 0xffffffffu) {
+        fprintf(stderr, "emu: partial shuffle mask\n");
+        abort();
+    }
 }
-template <class T> static T emu__shfl_down_sync(void *site, unsigned mask, T v, unsigned d)
+template <class T> static T emu__shfl_sync(void *site, unsigned mask, T v, int src, int width = 32)
 {
-    if (mask != 0xffffffffu) abort();
+    emu_full_mask(mask);
+    const int w = emu_width(width), base = EMU_LANE & ~(w - 1);
     uint64_t a[32];
     emu_warp_exchange(emu_bits(v), a, site);
-    int s = EMU_LANE + (int)d;
-    return s > 31 ? v : emu_from<T>(a[s]);
+    return emu_from<T>(a[base + (src & (w - 1))]);
 }
-template <class T> static T emu__shfl_xor_sync(void *site, unsigned mask, T v, int x)
+template <class T> static T emu__shfl_up_sync(void *site, unsigned mask, T v, unsigned d, int width = 32)
 {
-    if (mask != 0xffffffffu) abort();
+    emu_full_mask(mask);
+    const int w = emu_width(width);
     uint64_t a[32];
     emu_warp_exchange(emu_bits(v), a, site);
-    return emu_from<T>(a[(EMU_LANE ^ x) & 31]);
+    return (EMU_LANE & (w - 1)) < (int)d ? v : emu_from<T>(a[EMU_LANE - (int)d]);
+}
+template <class T> static T emu__shfl_down_sync(void *site, unsigned mask, T v, unsigned d, int width = 32)
+{
+    emu_full_mask(mask);
+    const int w = emu_width(width);
+    uint64_t a[32];
+    emu_warp_exchange(emu_bits(v), a, site);
+    return (EMU_LANE & (w - 1)) + (int)d >= w ? v : emu_from<T>(a[EMU_LANE + (int)d]);
+}
+template <class T> static T emu__shfl_xor_sync(void *site, unsigned mask, T v, int x, int width = 32)
+{
+    emu_full_mask(mask);
+    const int w = emu_width(width), s = EMU_LANE ^ x;
+    uint64_t a[32];
+    emu_warp_exchange(emu_bits(v), a, site);
+    return s < 0 || s > 31 || (s & ~(w - 1)) > (EMU_LANE & ~(w - 1)) ? v : emu_from<T>(a[s]);
 }
 static unsigned emu__ballot_sync(void *site, unsigned mask, int p)
 {
-    if (mask != 0xffffffffu) abort();
+    emu_full_mask(mask);
     uint64_t a[32];
     emu_warp_exchange(p ? 1 : 0, a, site);
     unsigned r = 0;

@@ -1,7 +1,16 @@
-/* Emulator stand-in for src/backend/cuda/vendor.h: the CPU emulator's CUDA names. */
+/* Emulator stand-in for src/backend/cuda/vendor.h: the CPU emulator's CUDA names. Built with
+ * CLLM_EMU_MUSA it takes the MUSA build's configuration instead of sm_80+'s: no tensor-core
+ * MMA (every GEMM through the BLAS, attention on CUDA cores, the unfused kernels) and ballots
+ * built from shuffles (CLLM_WIDE_WARPS, for 128-thread hardware warps), steps recorded only
+ * with CLLM_MUSA_GRAPHS=1. */
 #ifndef CLLM_BACKEND_CUDA_VENDOR_H
 #define CLLM_BACKEND_CUDA_VENDOR_H
 #include "emu.h"
+
+#ifdef CLLM_EMU_MUSA
+#define CLLM_WIDE_WARPS 1
+#define CLLM_GRAPHS_OPT_IN "CLLM_MUSA_GRAPHS"
+#else
 
 /* mma.m16n8k16 (BF16 in, F32 accumulate) as a warp collective, with the fragment layout of the
  * PTX ISA ("Matrix Fragments for mma.m16n8k16 with floating point type"): lane l, g = l / 4,
@@ -52,6 +61,7 @@ static inline void cllm_mma_bf16_16816(float d[4], const unsigned a[4], const un
 static inline void cllm_cp_async16(void *smem, const void *gmem) { emu_cp_async(smem, gmem, 16); }
 static inline void cllm_cp_async_commit(void) { emu_cp_commit(); }
 template <int N> static inline void cllm_cp_async_wait(void) { emu_cp_wait(N); }
+#endif /* CLLM_EMU_MUSA */
 
 /* Launches run one after the other here: no programmatic dependent launch to emulate. The
  * arguments are captured by value: a captured stream replays the launch later. */
@@ -64,9 +74,13 @@ static cudaError_t cllm_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, 
     return cudaSuccess;
 }
 
-/* The cuBLAS names backend_cuda.cu and blas.h use; the emulator has no cuBLAS (tests/emu
- * links a loader that finds none), so these are only types and constants. */
-typedef enum { CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_ALLOC_FAILED = 3 } cublasStatus_t;
+/* The cuBLAS names backend_cuda.cu and blas.h use (tests/emu/blas_emu.cpp is the library). */
+typedef enum {
+    CUBLAS_STATUS_SUCCESS = 0,
+    CUBLAS_STATUS_ALLOC_FAILED = 3,
+    CUBLAS_STATUS_INVALID_VALUE = 7,
+    CUBLAS_STATUS_NOT_SUPPORTED = 15
+} cublasStatus_t;
 typedef struct cublasContext *cublasHandle_t;
 typedef enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 } cublasOperation_t;
 typedef enum { CUDA_R_32F = 0, CUDA_R_16BF = 14 } cudaDataType;
