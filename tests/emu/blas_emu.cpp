@@ -53,13 +53,13 @@ static cublasStatus_t emu_gemm_ex(cublasHandle_t h, cublasOperation_t ta, cublas
                                   const void *beta, void *C, cudaDataType ct, int ldc,
                                   cublasComputeType_t compute, cublasGemmAlgo_t)
 {
-    const bool ok_type = (at == CUDA_R_16BF || at == CUDA_R_32F) && bt == at &&
-                         (ct == CUDA_R_32F || ct == at);
+    const bool ok_type =
+        (at == CUDA_R_16BF || at == CUDA_R_32F) && bt == at && (ct == CUDA_R_32F || ct == at);
     if (!ok_type || compute != CUBLAS_COMPUTE_32F)
         return CUBLAS_STATUS_NOT_SUPPORTED;
     if (!h || m < 0 || n < 0 || k < 0 || (ta != CUBLAS_OP_N && ta != CUBLAS_OP_T) ||
-        (tb != CUBLAS_OP_N && tb != CUBLAS_OP_T) || lda < (ta == CUBLAS_OP_N ? m : k) ||
-        lda < 1 || ldb < (tb == CUBLAS_OP_N ? k : n) || ldb < 1 || ldc < m || ldc < 1)
+        (tb != CUBLAS_OP_N && tb != CUBLAS_OP_T) || lda < (ta == CUBLAS_OP_N ? m : k) || lda < 1 ||
+        ldb < (tb == CUBLAS_OP_N ? k : n) || ldb < 1 || ldc < m || ldc < 1)
         return CUBLAS_STATUS_INVALID_VALUE;
     const float a = *(const float *)alpha, b = *(const float *)beta;
     emu_on_stream(h->stream, [=] {

@@ -302,8 +302,8 @@ static void test_matmul_silu(int32_t K, int32_t N)
         void *y_d = dev_poisoned((size_t)n * N * 4), *y2_d = dev_poisoned((size_t)n * N * 4);
         CHECK(G->silu_mul(gpu, gu_d, n, K, act_d) == CLLM_OK);
         CHECK(G->matmul(gpu, &w.g, NULL, act_d, n, y_d, N) == CLLM_OK);
-        enum cllm_status st = G->matmul_silu ? G->matmul_silu(gpu, &w.g, gu_d, n, K, y2_d, N)
-                                             : CLLM_ERR_UNSUPPORTED;
+        enum cllm_status st =
+            G->matmul_silu ? G->matmul_silu(gpu, &w.g, gu_d, n, K, y2_d, N) : CLLM_ERR_UNSUPPORTED;
         CHECKF(st == (our_gemm ? CLLM_OK : CLLM_ERR_UNSUPPORTED), "matmul_silu, %d rows: %s",
                (int)n, cllm_status_str(st));
         float *y = download_f32(y_d, (int64_t)n * N), *y2 = download_f32(y2_d, (int64_t)n * N);
