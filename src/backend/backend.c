@@ -8,6 +8,7 @@
 #ifdef CLLM_USE_CUDA
 #include "backend/cuda/backend_cuda.h"
 #endif
+#include "core/log.h"
 #include "core/status.h"
 
 static enum cllm_status backend_new(struct cllm_backend **out, const struct cllm_backend_options *o,
@@ -24,6 +25,19 @@ static enum cllm_status backend_new(struct cllm_backend **out, const struct cllm
         return cllm_fail(err, err_len, CLLM_ERR_UNSUPPORTED,
                          "this cllm was built without CUDA (configure with -DCLLM_CUDA=ON)");
 #endif
+    case CLLM_BACKEND_AUTO: {
+#ifdef CLLM_USE_CUDA
+        /* no device at all is the normal case on a CPU machine; a device that fails to
+         * start is worth a warning */
+        char why[256] = "";
+        enum cllm_status st = cllm_backend_cuda_new(out, o->device, why, sizeof why);
+        if (st == CLLM_OK)
+            return CLLM_OK;
+        cllm_log(st == CLLM_ERR_UNSUPPORTED ? CLLM_LOG_INFO : CLLM_LOG_WARN,
+                 "backend: no GPU (%s): running on the CPU", why);
+#endif
+        return cllm_backend_cpu_new(out, o->n_threads, err, err_len);
+    }
     }
     return cllm_fail(err, err_len, CLLM_ERR_INVALID_ARG, "unknown backend kind %d", (int)o->kind);
 }

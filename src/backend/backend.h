@@ -191,6 +191,7 @@ struct cllm_backend {
 enum cllm_backend_kind {
     CLLM_BACKEND_CPU,
     CLLM_BACKEND_CUDA,
+    CLLM_BACKEND_AUTO, /* the GPU (device 0) when one is compiled in and starts, else the CPU */
 };
 
 struct cllm_backend_options {
@@ -199,7 +200,7 @@ struct cllm_backend_options {
     int32_t device;    /* CUDA: device ordinal */
 };
 
-/* Creates a backend; CLLM_ERR_UNSUPPORTED for one not compiled in. */
+/* Creates a backend; CLLM_ERR_UNSUPPORTED for one not compiled in or without a device. */
 enum cllm_status cllm_backend_new(struct cllm_backend **out, const struct cllm_backend_options *o,
                                   char *err, size_t err_len);
 void cllm_backend_free(struct cllm_backend *be);

@@ -83,7 +83,7 @@ struct pending_token {
 void cllm_engine_config_default(struct cllm_engine_config *c)
 {
     memset(c, 0, sizeof *c);
-    c->backend = CLLM_BACKEND_CPU;
+    c->backend = CLLM_BACKEND_AUTO;
     c->prefix_cache = true;
 }
 

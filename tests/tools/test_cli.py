@@ -118,10 +118,19 @@ def test_generate_errors():
         r = run(["generate", "--model", GGUF, "--prompt", "hi", flag, value])
         check(r.returncode == 2 and b"invalid value" in r.stderr, f"{flag} {value} is refused")
     # A GPU the machine does not have (no device, or a build without CUDA): a clear error.
-    r = run(["generate", "--model", GGUF, "--prompt", "hi", "--max-tokens", "2",
-             "--device", "cuda:7"])
-    check(r.returncode != 0 and b"CUDA" in r.stderr and len(r.stderr.splitlines()) <= 3,
-          f"--device cuda:7 without such a GPU fails clearly: {r.stderr[-300:]}")
+    for dev in ["cuda:7", "musa:7"]:
+        r = run(["generate", "--model", GGUF, "--prompt", "hi", "--max-tokens", "2",
+                 "--device", dev])
+        check(r.returncode != 0 and b"CUDA" in r.stderr and len(r.stderr.splitlines()) <= 3,
+              f"--device {dev} without such a GPU fails clearly: {r.stderr[-300:]}")
+    # auto (the default): the GPU when one starts, else the CPU, saying why.
+    for args in [["--device", "auto"], []]:
+        r = run(["generate", "--model", GGUF, "--raw", "--prompt", "1, 2,", "--max-tokens", "2"]
+                + args)
+        on_cpu = b"[cpu]" in r.stderr
+        check(r.returncode == 0 and (on_cpu or b"[cuda]" in r.stderr) and
+              (not on_cpu or b"no GPU" in r.stderr or b"without CUDA" not in r.stderr),
+              f"generate {args or '(no --device)'} runs where it can: {r.stderr[-300:]}")
     r = run(["generate", "--model", GGUF, "--raw", "--prompt", "1, 2, 3, 4,", "--max-tokens", "4"])
     check(r.returncode == 0 and len(r.stdout.strip()) > 0 and b"decode" in r.stderr,
           f"generate streams an answer and reports rates: {r.stderr[-300:]}")

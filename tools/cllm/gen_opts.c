@@ -113,11 +113,15 @@ int cllm_gen_opts_parse(struct cllm_gen_opts *g, int code, const char *arg)
         break;
     case OPT_NO_PREFIX_CACHE: g->engine.prefix_cache = false; break;
     case OPT_DEVICE:
-        if (strcmp(arg, "cpu") == 0) {
+        /* "musa" names the same backend built with the MUSA SDK */
+        if (strcmp(arg, "auto") == 0) {
+            g->engine.backend = CLLM_BACKEND_AUTO;
+        } else if (strcmp(arg, "cpu") == 0) {
             g->engine.backend = CLLM_BACKEND_CPU;
-        } else if (strcmp(arg, "cuda") == 0) {
+        } else if (strcmp(arg, "cuda") == 0 || strcmp(arg, "musa") == 0) {
             g->engine.backend = CLLM_BACKEND_CUDA;
-        } else if (strncmp(arg, "cuda:", 5) == 0 && parse_long(arg + 5, 0, 1023, &v)) {
+        } else if ((strncmp(arg, "cuda:", 5) == 0 || strncmp(arg, "musa:", 5) == 0) &&
+                   parse_long(arg + 5, 0, 1023, &v)) {
             g->engine.backend = CLLM_BACKEND_CUDA;
             g->engine.device = (int32_t)v;
         } else {

@@ -48,7 +48,8 @@ enum {
     "  --ctx N                 context window in tokens (default: the model's)\n"                  \
     "  --kv-mem BYTES          KV cache budget, e.g. 2G or 512M\n"                                 \
     "  --batch-tokens N  --max-seqs N  --no-prefix-cache\n"                                      \
-    "  --device cpu|cuda|cuda:N    where the model runs (default: cpu)\n"                         \
+    "  --device auto|cpu|cuda|cuda:N   where the model runs (default auto: the GPU if there\n"   \
+    "                          is one, else the CPU; musa = cuda in a MUSA build)\n"             \
     "  --gpu-mem-fraction F    share of GPU memory cllm may use in all (default 0.9): the KV\n"   \
     "                          cache gets what the weights leave of it\n"
 

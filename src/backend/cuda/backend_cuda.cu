@@ -778,7 +778,7 @@ extern "C" enum cllm_status cllm_backend_cuda_new(struct cllm_backend **out, int
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0)
-        return cllm_fail(err, err_len, CLLM_ERR_DEVICE, "no CUDA device: %s",
+        return cllm_fail(err, err_len, CLLM_ERR_UNSUPPORTED, "no CUDA device: %s",
                          e != cudaSuccess ? cudaGetErrorString(e) : "none found");
     if (device < 0 || device >= count)
         return cllm_fail(err, err_len, CLLM_ERR_INVALID_ARG,
