@@ -210,9 +210,21 @@ void emu_launch(std::function<void()> body, dim3 grid3, dim3 block3, size_t smem
     emu_blockDim = {block, 1, 1};
     dyn.assign(smem + 8, 0xA5);
     std::vector<unsigned> order(block);
-    for (unsigned bz = 0; bz < grid3.z; bz++)
-    for (unsigned by = 0; by < grid3.y; by++)
-    for (unsigned b = 0; b < grid3.x; b++) {
+    /* Blocks in a scrambled order (i -> a i + c mod n, a coprime to n), as a GPU's scheduler
+     * may run them: a kernel whose last block to finish does extra work (the split attention's
+     * merge) must not depend on which block that is. */
+    const uint64_t n_blocks = (uint64_t)grid3.x * grid3.y * grid3.z;
+    uint64_t step = 1, start = rng() % n_blocks;
+    while (n_blocks > 2) {
+        step = rng() % n_blocks;
+        uint64_t x = step, y = n_blocks;
+        while (y) { uint64_t r = x % y; x = y; y = r; }
+        if (x == 1) break;
+    }
+    for (uint64_t k = 0; k < n_blocks; k++) {
+        const uint64_t i = (step * k + start) % n_blocks;
+        const unsigned b = (unsigned)(i % grid3.x), by = (unsigned)(i / grid3.x % grid3.y),
+                       bz = (unsigned)(i / ((uint64_t)grid3.x * grid3.y));
         emu_blockIdx = {b, by, bz};
         memset(dyn.data(), 0xA5, dyn.size());
         bar_count = 0;
