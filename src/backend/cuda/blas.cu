@@ -63,7 +63,8 @@ bool cllm_blas_load(struct cllm_blas *b, char *err, size_t err_len)
         {(void **)&b->create, CLLM_VENDOR_STR(cublasCreate), false},
         {(void **)&b->destroy, CLLM_VENDOR_STR(cublasDestroy), false},
         {(void **)&b->set_stream, CLLM_VENDOR_STR(cublasSetStream), false},
-        /* muBLAS's API documents no workspace call (llama.cpp's MUSA map has none) */
+        /* optional: without it a recording that needs cuBLAS to allocate fails, and the
+         * model runs its steps unrecorded */
         {(void **)&b->set_workspace, CLLM_VENDOR_STR(cublasSetWorkspace), true},
         {(void **)&b->gemm_ex, CLLM_VENDOR_STR(cublasGemmEx), false},
         {(void **)&b->status_string, CLLM_VENDOR_STR(cublasGetStatusString), false},
