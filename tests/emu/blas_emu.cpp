@@ -3,8 +3,10 @@
  * F32 accumulation in k order), checked as cuBLAS checks them. The backend uses it where a
  * GPU build would: CLLM_CUBLAS=1, operands our GEMM refuses, and every GEMM of a build without
  * tensor-core MMA (the MUSA configuration, tests/emu's cllm_backend_emu_musa), so the
- * arguments the backend passes are checked against the documented semantics. EMU_NO_BLAS=1
- * makes the loader find none, as on a machine without the library. */
+ * arguments the backend passes are checked against the documented semantics. Faults on
+ * demand: EMU_NO_BLAS=1, the loader finds none (a machine without the library);
+ * EMU_BLAS_NO_F32_OUT=1, BF16 inputs with an F32 output are not supported (what muBLAS may
+ * do); EMU_BLAS_WRONG=1, every result is off by one. */
 #include "backend/cuda/blas.h"
 
 #include <stdio.h>
@@ -14,6 +16,12 @@
 struct cublasContext {
     cudaStream_t stream;
 };
+
+static bool env_on(const char *name)
+{
+    const char *v = getenv(name);
+    return v && !strcmp(v, "1");
+}
 
 static cublasStatus_t emu_create(cublasHandle_t *h)
 {
@@ -55,13 +63,15 @@ static cublasStatus_t emu_gemm_ex(cublasHandle_t h, cublasOperation_t ta, cublas
 {
     const bool ok_type =
         (at == CUDA_R_16BF || at == CUDA_R_32F) && bt == at && (ct == CUDA_R_32F || ct == at);
-    if (!ok_type || compute != CUBLAS_COMPUTE_32F)
+    if (!ok_type || compute != CUBLAS_COMPUTE_32F ||
+        (env_on("EMU_BLAS_NO_F32_OUT") && at == CUDA_R_16BF && ct == CUDA_R_32F))
         return CUBLAS_STATUS_NOT_SUPPORTED;
     if (!h || m < 0 || n < 0 || k < 0 || (ta != CUBLAS_OP_N && ta != CUBLAS_OP_T) ||
         (tb != CUBLAS_OP_N && tb != CUBLAS_OP_T) || lda < (ta == CUBLAS_OP_N ? m : k) || lda < 1 ||
         ldb < (tb == CUBLAS_OP_N ? k : n) || ldb < 1 || ldc < m || ldc < 1)
         return CUBLAS_STATUS_INVALID_VALUE;
     const float a = *(const float *)alpha, b = *(const float *)beta;
+    const float off = env_on("EMU_BLAS_WRONG") ? 1.0f : 0.0f;
     emu_on_stream(h->stream, [=] {
         for (int j = 0; j < n; j++)
             for (int i = 0; i < m; i++) {
@@ -72,7 +82,8 @@ static cublasStatus_t emu_gemm_ex(cublasHandle_t h, cublasOperation_t ta, cublas
                     sum += element(A, at, ia) * element(B, bt, ib);
                 }
                 const int64_t ic = i + (int64_t)j * ldc;
-                float r = a * sum + (b != 0.0f ? b * element(C, ct, ic) : 0.0f); /* C unread at 0 */
+                /* C is not read where beta is 0 */
+                float r = a * sum + (b != 0.0f ? b * element(C, ct, ic) : 0.0f) + off;
                 if (ct == CUDA_R_32F) {
                     ((float *)C)[ic] = r;
                 } else {
@@ -92,8 +103,7 @@ static const char *emu_status_string(cublasStatus_t s)
 bool cllm_blas_load(struct cllm_blas *b, char *err, size_t err_len)
 {
     memset(b, 0, sizeof *b);
-    const char *off = getenv("EMU_NO_BLAS");
-    if (off && !strcmp(off, "1")) {
+    if (env_on("EMU_NO_BLAS")) {
         snprintf(err, err_len, "no BLAS (EMU_NO_BLAS=1)");
         return false;
     }

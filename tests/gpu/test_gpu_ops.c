@@ -47,6 +47,9 @@ static const struct cllm_backend_iface *G;
  * tensor-core MMA (the MUSA configuration; CLLM_EXPECT_NO_MMA under the emulator), where the
  * fused GEMMs must be refused so that the model takes the unfused kernels. */
 static bool our_gemm;
+/* Relative error a GEMM output may carry: F32 summation order, or the rounding to BF16 of a
+ * BLAS that writes BF16 only (the emulated one with EMU_BLAS_NO_F32_OUT=1). */
+static double gemm_rel = 1e-5;
 
 /* Device buffers: one helper per direction. */
 static void *dev_upload(const void *src, size_t bytes)
@@ -218,7 +221,7 @@ static void test_matmul(int32_t K, int32_t N, int32_t n)
     }
     char what[64];
     snprintf(what, sizeof what, "matmul %dx%d, %d rows", (int)N, (int)K, (int)n);
-    check_norm(what, got, want, (int64_t)n * (N + 17), 1e-5);
+    check_norm(what, got, want, (int64_t)n * (N + 17), gemm_rel);
 
     /* stacked [w; w2] gives the same bits as the two GEMMs */
     const struct cllm_tensor *parts[] = {&w.t, &w2.t};
@@ -232,7 +235,7 @@ static void test_matmul(int32_t K, int32_t N, int32_t n)
         for (int32_t r = 0; r < N + 17; r++) {
             double want_r = ref[(int64_t)t * ldy + r] - (r < N ? b.f32[r] : 0.0f);
             double d = fabs(y2[(int64_t)t * ldy + r] - want_r);
-            if (d > 1e-3 + 1e-3 * fabs(want_r)) {
+            if (d > 1e-3 + (gemm_rel > 1e-3 ? gemm_rel : 1e-3) * fabs(want_r)) {
                 CHECKF(0, "stacked matmul row %d col %d: %g vs %g", (int)t, (int)r,
                        y2[(int64_t)t * ldy + r], want_r);
                 t = n;
@@ -680,12 +683,20 @@ int main(void)
     struct cllm_backend_options oc = {CLLM_BACKEND_CPU, 0, 0}, og = {CLLM_BACKEND_CUDA, 0, 0};
     char err[256] = "";
 #ifdef CLLM_EXPECT_NO_MMA
-    /* Without MMA the BLAS does every GEMM: no BLAS, no backend (the emulator hides it). */
+    /* Without MMA the BLAS does every GEMM: no BLAS, or one that computes wrongly, no backend
+     * (the emulated BLAS fails on demand). */
     setenv("EMU_NO_BLAS", "1", 1);
     CHECKF(cllm_backend_new(&gpu, &og, err, sizeof err) == CLLM_ERR_DEVICE &&
                strstr(err, "needs the vendor BLAS"),
            "a build without MMA started without a BLAS (%s)", err);
     unsetenv("EMU_NO_BLAS");
+    setenv("EMU_BLAS_WRONG", "1", 1);
+    CHECKF(cllm_backend_new(&gpu, &og, err, sizeof err) == CLLM_ERR_DEVICE &&
+               strstr(err, "fails a small BF16 GEMM"),
+           "a build without MMA started on a BLAS that computes wrongly (%s)", err);
+    unsetenv("EMU_BLAS_WRONG");
+    if (getenv("EMU_BLAS_NO_F32_OUT") && !strcmp(getenv("EMU_BLAS_NO_F32_OUT"), "1"))
+        gemm_rel = 1.0 / 256; /* 2^-9 per element, doubled */
 #endif
     if (cllm_backend_new(&gpu, &og, err, sizeof err) != CLLM_OK) {
         printf("skipped: %s\n", err);

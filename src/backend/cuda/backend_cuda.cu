@@ -69,7 +69,11 @@ struct cuda {
     bool cublas_only;    /* every GEMM through the BLAS (not batch-invariant): CLLM_CUBLAS=1, or a
                             build without MMA */
     bool attention_simt; /* CLLM_ATTN_SIMT=1: the CUDA-core attention kernel (comparison) */
-    void *gemm_scratch;  /* slices of the tiled GEMM run in parallel through this (gemm.h) */
+    bool probing_blas;   /* the start-up probe is running */
+    bool blas_bf16_out;  /* the BLAS writes GEMMs in BF16 only (the start-up probe found) ... */
+    void *blas_out;      /* ... into this, widened to F32 after */
+    size_t blas_out_size;
+    void *gemm_scratch; /* slices of the tiled GEMM run in parallel through this (gemm.h) */
     size_t gemm_scratch_size;
     void *staging; /* pinned, STAGING_BYTES */
     /* device sampling: up to two draws queued, each in its own slot, oldest first */
@@ -103,13 +107,14 @@ static enum cllm_status check_cuda(cudaError_t e, const char *what)
     return e == cudaErrorMemoryAllocation ? CLLM_ERR_NOMEM : CLLM_ERR_DEVICE;
 }
 
-static enum cllm_status check_blas(const struct cllm_blas *api, cublasStatus_t s, const char *what)
+/* The same for the BLAS; a failure the start-up probe tries for is only worth an info line. */
+static enum cllm_status check_blas(const struct cuda *c, cublasStatus_t s, const char *what)
 {
     if (s == CUBLAS_STATUS_SUCCESS)
         return CLLM_OK;
     char text[32];
-    cllm_log(CLLM_LOG_ERROR, "cuda: %s failed: %s", what,
-             cllm_blas_status(api, s, text, sizeof text));
+    cllm_log(c->probing_blas ? CLLM_LOG_INFO : CLLM_LOG_ERROR, "cuda: %s failed: %s", what,
+             cllm_blas_status(&c->blas_api, s, text, sizeof text));
     return s == CUBLAS_STATUS_ALLOC_FAILED ? CLLM_ERR_NOMEM : CLLM_ERR_DEVICE;
 }
 
@@ -349,6 +354,42 @@ static enum cllm_status grow_gemm_scratch(struct cuda *c, size_t need)
                               "cudaMalloc (GEMM scratch)");
 }
 
+/* y[t][0..N) = W x_t (+ bias) through the BLAS: W [N][K] and x [n][K] BF16. Column-major,
+ * Y^T [N x n] = W [K x N]^T * X^T [K x n]. In F32, or where the BLAS writes BF16 only, in
+ * BF16 through c->blas_out (grown outside recordings only: a recording short of it fails, and
+ * the model runs its steps unrecorded) and widened. */
+static enum cllm_status blas_matmul(struct cuda *c, const void *w, int32_t K, int32_t N,
+                                    const void *x, int32_t n, const float *bias, float *y,
+                                    int32_t ldy)
+{
+    const float alpha = 1.0f, beta = 0.0f;
+    if (!c->blas_bf16_out) {
+        TRY(check_blas(c,
+                       c->blas_api.gemm_ex(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &alpha, w,
+                                           CUDA_R_16BF, K, x, CUDA_R_16BF, K, &beta, y, CUDA_R_32F,
+                                           ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                       "cublasGemmEx"));
+        return bias ? check_cuda(cllm_cuda_add_bias(y, ldy, bias, n, N, c->stream), "add_bias")
+                    : CLLM_OK;
+    }
+    size_t need = (size_t)n * (size_t)N * 2;
+    if (need > c->blas_out_size) {
+        if (c->capturing)
+            return CLLM_ERR_UNSUPPORTED;
+        TRY(check_cuda(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize"));
+        drop_graphs(c);
+        TRY(grow_device_buffer(&c->blas_out, &c->blas_out_size, need, "cudaMalloc (BLAS output)"));
+    }
+    TRY(check_blas(c,
+                   c->blas_api.gemm_ex(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &alpha, w,
+                                       CUDA_R_16BF, K, x, CUDA_R_16BF, K, &beta, c->blas_out,
+                                       CUDA_R_16BF, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   "cublasGemmEx (BF16 out)"));
+    return check_cuda(
+        cllm_cuda_widen_bias((const __nv_bfloat16 *)c->blas_out, N, y, ldy, bias, n, N, c->stream),
+        "widen_bias");
+}
+
 static enum cllm_status cu_matmul(struct cllm_backend *be, const struct cllm_weight *w,
                                   const struct cllm_weight *bias, const void *x, int32_t n,
                                   float *y, int32_t ldy)
@@ -375,16 +416,7 @@ static enum cllm_status cu_matmul(struct cllm_backend *be, const struct cllm_wei
                  N, K);
         return CLLM_ERR_UNSUPPORTED;
     }
-    const float alpha = 1.0f, beta = 0.0f;
-    /* Column-major view: Y^T [N x n] = W [K x N]^T * X^T [K x n]. */
-    TRY(check_blas(&c->blas_api,
-                   c->blas_api.gemm_ex(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &alpha, w->data,
-                                       CUDA_R_16BF, K, x, CUDA_R_16BF, K, &beta, y, CUDA_R_32F, ldy,
-                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                   "cublasGemmEx"));
-    if (!b)
-        return CLLM_OK;
-    return check_cuda(cllm_cuda_add_bias(y, ldy, b, n, N, c->stream), "add_bias");
+    return blas_matmul(c, w->data, K, N, x, n, b, y, ldy);
 }
 
 static enum cllm_status cu_matmul_silu(struct cllm_backend *be, const struct cllm_weight *w,
@@ -726,6 +758,7 @@ static void cu_free(struct cllm_backend *be)
             cudaEventDestroy(c->draws[i].done);
     cudaFree(c->sample_scratch);
     cudaFree(c->gemm_scratch);
+    cudaFree(c->blas_out);
     if (c->stream)
         cudaStreamDestroy(c->stream);
     free(c);
@@ -763,6 +796,64 @@ static const struct cllm_backend_iface cuda_iface = {
     /* .graph_end = */ cu_graph_end,
     /* .sync = */ cu_sync,
 };
+
+/* Where the BLAS does the model's GEMMs (a build without MMA, CLLM_CUBLAS=1): one small GEMM
+ * at start-up, whose exact result is known (small integers: every sum is exact in F32 and in
+ * BF16), in F32 output, else in BF16 output (c->blas_bf16_out) - muBLAS's F32 output from BF16
+ * is unverified, its BF16 output is what PyTorch uses. Neither right: the device is refused. */
+static enum cllm_status probe_blas(struct cuda *c, char *err, size_t err_len)
+{
+    enum { K = 16, N = 8, n = 3 };
+    uint16_t w[N * K], x[n * K];
+    float want[n * N], got[n * N];
+    for (int i = 0; i < N * K; i++)
+        w[i] = cllm_f32_to_bf16((float)(i * 7 % 5 - 2));
+    for (int i = 0; i < n * K; i++)
+        x[i] = cllm_f32_to_bf16((float)(i * 3 % 7 - 3));
+    for (int t = 0; t < n; t++)
+        for (int r = 0; r < N; r++) {
+            float s = 0.0f;
+            for (int k = 0; k < K; k++)
+                s += cllm_bf16_to_f32(w[r * K + k]) * cllm_bf16_to_f32(x[t * K + k]);
+            want[t * N + r] = s;
+        }
+    void *dw = NULL, *dx = NULL, *dy = NULL;
+    enum cllm_status st = check_cuda(cudaMalloc(&dw, sizeof w), "cudaMalloc (BLAS probe)");
+    if (!st)
+        st = check_cuda(cudaMalloc(&dx, sizeof x), "cudaMalloc (BLAS probe)");
+    if (!st)
+        st = check_cuda(cudaMalloc(&dy, sizeof got), "cudaMalloc (BLAS probe)");
+    if (!st)
+        st = check_cuda(cudaMemcpy(dw, w, sizeof w, cudaMemcpyHostToDevice), "BLAS probe upload");
+    if (!st)
+        st = check_cuda(cudaMemcpy(dx, x, sizeof x, cudaMemcpyHostToDevice), "BLAS probe upload");
+    bool right = false;
+    c->probing_blas = true;
+    for (int mode = 0; !st && !right && mode < 2; mode++) {
+        c->blas_bf16_out = mode == 1;
+        enum cllm_status run = blas_matmul(c, dw, K, N, dx, n, NULL, (float *)dy, N);
+        if (!run)
+            run = check_cuda(cudaStreamSynchronize(c->stream), "BLAS probe");
+        if (!run)
+            run = check_cuda(cudaMemcpy(got, dy, sizeof got, cudaMemcpyDeviceToHost),
+                             "BLAS probe download");
+        right = !run && memcmp(got, want, sizeof got) == 0;
+        if (!right)
+            cllm_log(mode ? CLLM_LOG_ERROR : CLLM_LOG_INFO,
+                     "cuda: the BLAS %s a BF16 GEMM with %s output",
+                     run ? "cannot run" : "miscomputes", mode ? "BF16" : "F32");
+    }
+    c->probing_blas = false;
+    cudaFree(dw), cudaFree(dx), cudaFree(dy);
+    if (st)
+        return cllm_fail(err, err_len, st, "CUDA device %d: the BLAS probe failed", c->device);
+    if (!right)
+        return cllm_fail(err, err_len, CLLM_ERR_DEVICE,
+                         "CUDA device %d: the vendor BLAS fails a small BF16 GEMM, with F32 and "
+                         "with BF16 output (see the log)",
+                         c->device);
+    return CLLM_OK;
+}
 
 /* A switch for comparisons (CLLM_CUBLAS, CLLM_ATTN_SIMT, CLLM_NO_PDL): on when set to "1". */
 static bool env_is_one(const char *name)
@@ -854,6 +945,12 @@ extern "C" enum cllm_status cllm_backend_cuda_new(struct cllm_backend **out, int
     gemm = "the vendor BLAS (not batch-invariant)";
     c->attention_simt = true;
 #endif
+    if (c->cublas_only && probe_blas(c, err, err_len) != CLLM_OK) {
+        cu_free(&c->be);
+        return CLLM_ERR_DEVICE;
+    }
+    if (c->blas_bf16_out)
+        gemm = "the vendor BLAS in BF16 (it writes no F32 from BF16; not batch-invariant)";
     struct cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
         cllm_cuda_pdl = prop.major >= 9 && !env_is_one("CLLM_NO_PDL");

@@ -113,6 +113,30 @@ cudaError_t cllm_cuda_add_bias(float *y, int32_t ldy, const float *bias, int32_t
     return cllm_launch(add_bias_kernel, grid_for(total), BLOCK, 0, stream, y, ldy, bias, total, N);
 }
 
+/* y[t][c] = float(src[t][c]) (+ bias[c]): a GEMM the BLAS could only write in BF16. */
+static __global__ void widen_bias_kernel(const __nv_bfloat16 *src, int32_t ld_src, float *y,
+                                         int32_t ldy, const float *bias, int64_t total, int32_t N)
+{
+    cllm_pdl_wait();
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t t = i / N;
+        int32_t c = (int32_t)(i % N);
+        float v = __bfloat162float(src[t * ld_src + c]);
+        y[t * ldy + c] = bias ? __fadd_rn(v, bias[c]) : v;
+    }
+}
+
+cudaError_t cllm_cuda_widen_bias(const __nv_bfloat16 *src, int32_t ld_src, float *y, int32_t ldy,
+                                 const float *bias, int32_t n, int32_t N, cudaStream_t stream)
+{
+    int64_t total = (int64_t)n * N;
+    if (total <= 0)
+        return cudaSuccess;
+    return cllm_launch(widen_bias_kernel, grid_for(total), BLOCK, 0, stream, src, ld_src, y, ldy,
+                       bias, total, N);
+}
+
 /* --- bias + RoPE + KV store --- */
 
 /* One block per token: cos/sin of the token's position once, in double from the F32 angle as

@@ -75,6 +75,10 @@ cudaError_t cllm_cuda_rmsnorm(float *res, const float *x, const float *w, float 
 cudaError_t cllm_cuda_add_bias(float *y, int32_t ldy, const float *bias, int32_t n, int32_t N,
                                cudaStream_t stream);
 
+/* y[t][0..N) = float(src[t][0..N)) (+ bias if non-NULL); rows of stride ld_src and ldy. */
+cudaError_t cllm_cuda_widen_bias(const __nv_bfloat16 *src, int32_t ld_src, float *y, int32_t ldy,
+                                 const float *bias, int32_t n, int32_t N, cudaStream_t stream);
+
 cudaError_t cllm_cuda_qkv_rope_store(const struct cllm_cuda_batch *b,
                                      const struct cllm_cuda_rope_freqs *freqs, float *qkv,
                                      int32_t ld, const float *bias, int32_t n_head, int32_t n_kv,
