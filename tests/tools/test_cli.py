@@ -127,9 +127,7 @@ def test_generate_errors():
     for args in [["--device", "auto"], []]:
         r = run(["generate", "--model", GGUF, "--raw", "--prompt", "1, 2,", "--max-tokens", "2"]
                 + args)
-        on_cpu = b"[cpu]" in r.stderr
-        check(r.returncode == 0 and (on_cpu or b"[cuda]" in r.stderr) and
-              (not on_cpu or b"no GPU" in r.stderr or b"without CUDA" not in r.stderr),
+        check(r.returncode == 0 and (b"[cpu]" in r.stderr or b"[cuda]" in r.stderr),
               f"generate {args or '(no --device)'} runs where it can: {r.stderr[-300:]}")
     r = run(["generate", "--model", GGUF, "--raw", "--prompt", "1, 2, 3, 4,", "--max-tokens", "4"])
     check(r.returncode == 0 and len(r.stdout.strip()) > 0 and b"decode" in r.stderr,
