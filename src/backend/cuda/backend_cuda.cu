@@ -341,53 +341,55 @@ static enum cllm_status grow_device_buffer(void **p, size_t *size, size_t need, 
     return CLLM_OK;
 }
 
-/* The GEMM's scratch, grown outside recordings only (a recording may not allocate; short of
- * scratch the GEMM computes the same bits with fewer blocks). Recorded steps hold the old
- * pointer, so they are dropped and recorded again. */
-static enum cllm_status grow_gemm_scratch(struct cuda *c, size_t need)
+/* Grows a device buffer recorded steps point into: outside recordings only (a recording may
+ * not allocate; while recording the buffer stays as it is and the caller copes with it).
+ * Recorded steps hold the old pointer, so they are dropped and recorded again. */
+static enum cllm_status grow_unrecorded(struct cuda *c, void **p, size_t *size, size_t need,
+                                        const char *what)
 {
-    if (need <= c->gemm_scratch_size || c->capturing)
+    if (need <= *size || c->capturing)
         return CLLM_OK;
     TRY(check_cuda(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize"));
     drop_graphs(c);
-    return grow_device_buffer(&c->gemm_scratch, &c->gemm_scratch_size, need,
-                              "cudaMalloc (GEMM scratch)");
+    return grow_device_buffer(p, size, need, what);
+}
+
+/* The GEMM's scratch: short of it the GEMM computes the same bits with fewer blocks. */
+static enum cllm_status grow_gemm_scratch(struct cuda *c, size_t need)
+{
+    return grow_unrecorded(c, &c->gemm_scratch, &c->gemm_scratch_size, need,
+                           "cudaMalloc (GEMM scratch)");
 }
 
 /* y[t][0..N) = W x_t (+ bias) through the BLAS: W [N][K] and x [n][K] BF16. Column-major,
  * Y^T [N x n] = W [K x N]^T * X^T [K x n]. In F32, or where the BLAS writes BF16 only, in
- * BF16 through c->blas_out (grown outside recordings only: a recording short of it fails, and
- * the model runs its steps unrecorded) and widened. */
+ * BF16 through c->blas_out (a recording short of it fails, and the model runs its steps
+ * unrecorded) and widened. */
 static enum cllm_status blas_matmul(struct cuda *c, const void *w, int32_t K, int32_t N,
                                     const void *x, int32_t n, const float *bias, float *y,
                                     int32_t ldy)
 {
     const float alpha = 1.0f, beta = 0.0f;
-    if (!c->blas_bf16_out) {
-        TRY(check_blas(c,
-                       c->blas_api.gemm_ex(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &alpha, w,
-                                           CUDA_R_16BF, K, x, CUDA_R_16BF, K, &beta, y, CUDA_R_32F,
-                                           ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                       "cublasGemmEx"));
-        return bias ? check_cuda(cllm_cuda_add_bias(y, ldy, bias, n, N, c->stream), "add_bias")
-                    : CLLM_OK;
-    }
-    size_t need = (size_t)n * (size_t)N * 2;
-    if (need > c->blas_out_size) {
-        if (c->capturing)
+    const bool bf16 = c->blas_bf16_out;
+    if (bf16) {
+        size_t need = (size_t)n * (size_t)N * 2;
+        TRY(grow_unrecorded(c, &c->blas_out, &c->blas_out_size, need, "cudaMalloc (BLAS output)"));
+        if (need > c->blas_out_size)
             return CLLM_ERR_UNSUPPORTED;
-        TRY(check_cuda(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize"));
-        drop_graphs(c);
-        TRY(grow_device_buffer(&c->blas_out, &c->blas_out_size, need, "cudaMalloc (BLAS output)"));
     }
     TRY(check_blas(c,
                    c->blas_api.gemm_ex(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &alpha, w,
-                                       CUDA_R_16BF, K, x, CUDA_R_16BF, K, &beta, c->blas_out,
-                                       CUDA_R_16BF, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                   "cublasGemmEx (BF16 out)"));
-    return check_cuda(
-        cllm_cuda_widen_bias((const __nv_bfloat16 *)c->blas_out, N, y, ldy, bias, n, N, c->stream),
-        "widen_bias");
+                                       CUDA_R_16BF, K, x, CUDA_R_16BF, K, &beta,
+                                       bf16 ? c->blas_out : (void *)y,
+                                       bf16 ? CUDA_R_16BF : CUDA_R_32F, bf16 ? N : ldy,
+                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   "cublasGemmEx"));
+    if (bf16)
+        return check_cuda(cllm_cuda_widen_bias((const __nv_bfloat16 *)c->blas_out, N, y, ldy, bias,
+                                               n, N, c->stream),
+                          "widen_bias");
+    return bias ? check_cuda(cllm_cuda_add_bias(y, ldy, bias, n, N, c->stream), "add_bias")
+                : CLLM_OK;
 }
 
 static enum cllm_status cu_matmul(struct cllm_backend *be, const struct cllm_weight *w,
