@@ -102,37 +102,33 @@ static inline void emu_full_mask(unsigned mask)
         abort();
     }
 }
-template <class T> static T emu__shfl_sync(void *site, unsigned mask, T v, int src, int width = 32)
+/* The one exchange behind every shuffle: lane src's v, or the caller's own where src is -1. */
+template <class T> static T emu_shfl_from(void *site, unsigned mask, T v, int src)
 {
     emu_full_mask(mask);
-    const int w = emu_width(width), base = EMU_LANE & ~(w - 1);
     uint64_t a[32];
     emu_warp_exchange(emu_bits(v), a, site);
-    return emu_from<T>(a[base + (src & (w - 1))]);
+    return src < 0 ? v : emu_from<T>(a[src]);
+}
+template <class T> static T emu__shfl_sync(void *site, unsigned mask, T v, int src, int width = 32)
+{
+    const int w = emu_width(width);
+    return emu_shfl_from(site, mask, v, (EMU_LANE & ~(w - 1)) + (src & (w - 1)));
 }
 template <class T> static T emu__shfl_up_sync(void *site, unsigned mask, T v, unsigned d, int width = 32)
 {
-    emu_full_mask(mask);
     const int w = emu_width(width);
-    uint64_t a[32];
-    emu_warp_exchange(emu_bits(v), a, site);
-    return (EMU_LANE & (w - 1)) < (int)d ? v : emu_from<T>(a[EMU_LANE - (int)d]);
+    return emu_shfl_from(site, mask, v, (EMU_LANE & (w - 1)) < (int)d ? -1 : EMU_LANE - (int)d);
 }
 template <class T> static T emu__shfl_down_sync(void *site, unsigned mask, T v, unsigned d, int width = 32)
 {
-    emu_full_mask(mask);
     const int w = emu_width(width);
-    uint64_t a[32];
-    emu_warp_exchange(emu_bits(v), a, site);
-    return (EMU_LANE & (w - 1)) + (int)d >= w ? v : emu_from<T>(a[EMU_LANE + (int)d]);
+    return emu_shfl_from(site, mask, v, (EMU_LANE & (w - 1)) + (int)d >= w ? -1 : EMU_LANE + (int)d);
 }
 template <class T> static T emu__shfl_xor_sync(void *site, unsigned mask, T v, int x, int width = 32)
 {
-    emu_full_mask(mask);
     const int w = emu_width(width), s = EMU_LANE ^ x;
-    uint64_t a[32];
-    emu_warp_exchange(emu_bits(v), a, site);
-    return s < 0 || s > 31 || (s & ~(w - 1)) > (EMU_LANE & ~(w - 1)) ? v : emu_from<T>(a[s]);
+    return emu_shfl_from(site, mask, v, s < 0 || s > 31 || (s & ~(w - 1)) > (EMU_LANE & ~(w - 1)) ? -1 : s);
 }
 static unsigned emu__ballot_sync(void *site, unsigned mask, int p)
 {
