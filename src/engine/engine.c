@@ -27,6 +27,7 @@
 #include "core/alloc.h"
 #include "core/log.h"
 #include "core/status.h"
+#include "engine/device_check.h"
 #include "engine/scheduler.h"
 #include "model/model.h"
 
@@ -563,6 +564,48 @@ static void release(struct cllm_engine *e)
     free(e);
 }
 
+static enum cllm_status init_model_on(struct cllm_engine *e, enum cllm_backend_kind kind, char *err,
+                                      size_t err_len)
+{
+    const struct cllm_engine_config *cfg = &e->cfg;
+    struct cllm_backend_options bo = {kind, cfg->n_threads, cfg->device};
+    enum cllm_status st = cllm_backend_new(&e->be, &bo, err, err_len);
+    if (!st)
+        st = cllm_model_init(&e->model, e->mf, e->be, cfg->max_batch_tokens, cfg->max_seqs, err,
+                             err_len);
+    return st;
+}
+
+/* The backend and the model on it. A GPU's logits are checked against the CPU's first
+ * (device_check.h): under CLLM_BACKEND_AUTO a GPU that fails gives way to the CPU (an answer
+ * late beats a wrong one); asked for by name, it is an error. */
+static enum cllm_status load_model(struct cllm_engine *e, char *err, size_t err_len)
+{
+    const struct cllm_engine_config *cfg = &e->cfg;
+    enum cllm_status st = init_model_on(e, cfg->backend, err, err_len);
+    const char *name = e->be ? e->be->iface->name : "";
+    if (st || cfg->no_device_check || !strcmp(name, "cpu"))
+        return st;
+    struct cllm_agreement r;
+    char why[512] = "";
+    st = cllm_device_check(e->model, name, e->mf, cfg->n_threads, &r, why, sizeof why);
+    if (st == CLLM_OK)
+        return CLLM_OK;
+    if (st != CLLM_ERR_DEVICE) {
+        cllm_log(CLLM_LOG_WARN, "device check could not run (%s): serving from %s unchecked", why,
+                 name);
+        return CLLM_OK;
+    }
+    if (cfg->backend != CLLM_BACKEND_AUTO)
+        return cllm_fail(err, err_len, st, "%s (--no-device-check serves from it anyway)", why);
+    cllm_log(CLLM_LOG_ERROR, "%s: running on the CPU instead", why);
+    cllm_model_free(e->model);
+    cllm_backend_free(e->be);
+    e->model = NULL;
+    e->be = NULL;
+    return init_model_on(e, CLLM_BACKEND_CPU, err, err_len);
+}
+
 enum cllm_status cllm_engine_new(struct cllm_engine **out, const struct cllm_model_files *mf,
                                  const struct cllm_engine_config *c, char *err, size_t err_len)
 {
@@ -586,10 +629,7 @@ enum cllm_status cllm_engine_new(struct cllm_engine **out, const struct cllm_mod
     pthread_mutex_init(&e->lock, NULL);
     pthread_cond_init(&e->wake, NULL);
     enum cllm_status st;
-    struct cllm_backend_options bo = {cfg->backend, cfg->n_threads, cfg->device};
-    if ((st = cllm_backend_new(&e->be, &bo, err, err_len)) ||
-        (st = cllm_model_init(&e->model, mf, e->be, cfg->max_batch_tokens, cfg->max_seqs, err,
-                              err_len)))
+    if ((st = load_model(e, err, err_len)))
         goto fail;
     int64_t per_token = (int64_t)cllm_model_kv_bytes_per_token(e->model);
     e->n_ctx = cfg->n_ctx ? cfg->n_ctx : mf->hp.n_ctx_train;

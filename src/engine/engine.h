@@ -32,6 +32,9 @@ struct cllm_engine_config {
     int32_t run_ahead;        /* launch step N+1 before step N's tokens are seen (engine.c):
                                  0 = when the backend queues steps (GPU), 1 = always (tests:
                                  the CPU draws as a device would), -1 = never */
+    bool no_device_check;     /* skip comparing a GPU's logits with the CPU's at start
+                                 (device_check.h); a GPU that fails it is not used under
+                                 CLLM_BACKEND_AUTO and is an error when asked for by name */
 };
 
 void cllm_engine_config_default(struct cllm_engine_config *c);

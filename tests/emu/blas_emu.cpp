@@ -6,7 +6,9 @@
  * arguments the backend passes are checked against the documented semantics. Faults on
  * demand: EMU_NO_BLAS=1, the loader finds none (a machine without the library);
  * EMU_BLAS_NO_F32_OUT=1, BF16 inputs with an F32 output are not supported (what muBLAS may
- * do); EMU_BLAS_WRONG=1, every result is off by one. */
+ * do); EMU_BLAS_WRONG=1, every result is off by one; EMU_BLAS_SHORT_K=1, sums stop after 16
+ * products (right for the backend's start-up probe, wrong for a model's GEMMs: what the
+ * engine's device check must catch). */
 #include "backend/cuda/blas.h"
 
 #include <stdio.h>
@@ -72,11 +74,12 @@ static cublasStatus_t emu_gemm_ex(cublasHandle_t h, cublasOperation_t ta, cublas
         return CUBLAS_STATUS_INVALID_VALUE;
     const float a = *(const float *)alpha, b = *(const float *)beta;
     const float off = env_on("EMU_BLAS_WRONG") ? 1.0f : 0.0f;
+    const int k_summed = env_on("EMU_BLAS_SHORT_K") && k > 16 ? 16 : k;
     emu_on_stream(h->stream, [=] {
         for (int j = 0; j < n; j++)
             for (int i = 0; i < m; i++) {
                 float sum = 0.0f;
-                for (int l = 0; l < k; l++) {
+                for (int l = 0; l < k_summed; l++) {
                     int64_t ia = ta == CUBLAS_OP_N ? i + (int64_t)l * lda : l + (int64_t)i * lda;
                     int64_t ib = tb == CUBLAS_OP_N ? l + (int64_t)j * ldb : j + (int64_t)l * ldb;
                     sum += element(A, at, ia) * element(B, bt, ib);

@@ -9,7 +9,8 @@
  *   - greedy answers with run-ahead equal those without, alone and batched (batch
  *     invariance), also next to a request with penalties (sampled on the host: no run-ahead
  *     over its steps) and under preemption;
- *   - seeded sampling: the same answer alone twice and batched (counter-based draws).
+ *   - seeded sampling: the same answer alone twice and batched (counter-based draws);
+ *   - the engine's device check: a device whose BLAS is wrong is not served from.
  *
  * CLLM_TEST_MICRO names the micro model's folder (scripts/test makes it).
  */
@@ -247,6 +248,60 @@ static void test_engine(void)
     free_answers(serial, N_P);
 }
 
+/* --- the device check (engine/device_check.h) --- */
+
+static struct cllm_engine *checked_engine(enum cllm_backend_kind kind, bool no_check,
+                                          enum cllm_status want, char *err, size_t err_len)
+{
+    struct cllm_engine_config c;
+    cllm_engine_config_default(&c);
+    c.backend = kind;
+    c.no_device_check = no_check;
+    c.max_batch_tokens = 64;
+    c.max_seqs = 8;
+    c.n_ctx = 256;
+    c.kv_bytes = 1 << 20;
+    struct cllm_engine *e = NULL;
+    err[0] = 0;
+    enum cllm_status st = cllm_engine_new(&e, mf, &c, err, err_len);
+    CHECKF(st == want, "engine (kind %d, check %s): %s, want %s: %s", (int)kind,
+           no_check ? "off" : "on", cllm_status_str(st), cllm_status_str(want), err);
+    return e;
+}
+
+/* A device that starts and then computes wrong logits -- here a BLAS that passes the backend's
+ * start-up probe (16 deep) and drops the rest of every longer sum -- is not served from under
+ * --device auto, is an error when asked for by name, and runs only when the check is off. */
+static void test_device_check(void)
+{
+    char err[1024];
+    struct cllm_engine *e = checked_engine(CLLM_BACKEND_AUTO, false, CLLM_OK, err, sizeof err);
+    if (e)
+        CHECKF(!strcmp(cllm_engine_backend_name(e), "cuda"), "a right device: served from %s",
+               cllm_engine_backend_name(e));
+    cllm_engine_free(e);
+
+    setenv("CLLM_CUBLAS", "1", 1);
+    setenv("EMU_BLAS_SHORT_K", "1", 1);
+    e = checked_engine(CLLM_BACKEND_AUTO, false, CLLM_OK, err, sizeof err);
+    if (e)
+        CHECKF(!strcmp(cllm_engine_backend_name(e), "cpu"), "a wrong device: served from %s",
+               cllm_engine_backend_name(e));
+    cllm_engine_free(e);
+    e = checked_engine(CLLM_BACKEND_CUDA, false, CLLM_ERR_DEVICE, err, sizeof err);
+    CHECKF(strstr(err, "device check") && strstr(err, "--no-device-check"),
+           "the refusal says why and what to do: %s", err);
+    printf("a wrong device asked for by name: %s\n", err);
+    cllm_engine_free(e);
+    e = checked_engine(CLLM_BACKEND_CUDA, true, CLLM_OK, err, sizeof err);
+    if (e)
+        CHECKF(!strcmp(cllm_engine_backend_name(e), "cuda"), "no check: served from %s",
+               cllm_engine_backend_name(e));
+    cllm_engine_free(e);
+    unsetenv("EMU_BLAS_SHORT_K");
+    unsetenv("CLLM_CUBLAS");
+}
+
 int main(void)
 {
     char err[1024];
@@ -257,6 +312,7 @@ int main(void)
     make_prompts();
     test_logits();
     test_engine();
+    test_device_check();
     cllm_model_files_free(mf);
     return test_summary();
 }

@@ -124,7 +124,7 @@ def test_generate_errors():
         check(r.returncode != 0 and b"CUDA" in r.stderr and len(r.stderr.splitlines()) <= 3,
               f"--device {dev} without such a GPU fails clearly: {r.stderr[-300:]}")
     # auto (the default): the GPU when one starts, else the CPU, saying why.
-    for args in [["--device", "auto"], []]:
+    for args in [["--device", "auto"], [], ["--no-device-check"]]:
         r = run(["generate", "--model", GGUF, "--raw", "--prompt", "1, 2,", "--max-tokens", "2"]
                 + args)
         check(r.returncode == 0 and (b"[cpu]" in r.stderr or b"[cuda]" in r.stderr),

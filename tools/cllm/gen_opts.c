@@ -112,6 +112,7 @@ int cllm_gen_opts_parse(struct cllm_gen_opts *g, int code, const char *arg)
         g->engine.max_seqs = (int32_t)v;
         break;
     case OPT_NO_PREFIX_CACHE: g->engine.prefix_cache = false; break;
+    case OPT_NO_DEVICE_CHECK: g->engine.no_device_check = true; break;
     case OPT_DEVICE:
         /* "musa" names the same backend built with the MUSA SDK */
         if (strcmp(arg, "auto") == 0) {

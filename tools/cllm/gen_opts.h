@@ -19,6 +19,7 @@ enum {
     OPT_MAX_TOKENS = 1000, OPT_TEMPERATURE, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_REP_PENALTY,
     OPT_PRESENCE, OPT_FREQUENCY, OPT_SEED, OPT_STOP, OPT_THREADS, OPT_CTX, OPT_KV_MEM,
     OPT_BATCH_TOKENS, OPT_MAX_SEQS, OPT_NO_PREFIX_CACHE, OPT_DEVICE, OPT_GPU_MEM_FRACTION,
+    OPT_NO_DEVICE_CHECK,
 };
 
 #define CLLM_GEN_LONG_OPTIONS                                                                      \
@@ -36,7 +37,8 @@ enum {
         {"max-seqs", required_argument, 0, OPT_MAX_SEQS},                                          \
         {"no-prefix-cache", no_argument, 0, OPT_NO_PREFIX_CACHE},                                  \
         {"device", required_argument, 0, OPT_DEVICE},                                              \
-        {"gpu-mem-fraction", required_argument, 0, OPT_GPU_MEM_FRACTION}
+        {"gpu-mem-fraction", required_argument, 0, OPT_GPU_MEM_FRACTION},                          \
+        {"no-device-check", no_argument, 0, OPT_NO_DEVICE_CHECK}
 
 #define CLLM_GEN_USAGE                                                                             \
     "  --max-tokens N          tokens to generate at most\n"                                       \
@@ -51,7 +53,9 @@ enum {
     "  --device auto|cpu|cuda|cuda:N   where the model runs (default auto: the GPU if there\n"   \
     "                          is one, else the CPU; musa = cuda in a MUSA build)\n"             \
     "  --gpu-mem-fraction F    share of GPU memory cllm may use in all (default 0.9): the KV\n"   \
-    "                          cache gets what the weights leave of it\n"
+    "                          cache gets what the weights leave of it\n"                        \
+    "  --no-device-check       skip comparing the GPU's logits with the CPU's at start (a GPU\n" \
+    "                          that fails it: auto runs on the CPU, cuda stops with an error)\n"
 
 /* What the flags said; "set" bits record which sampling values were given explicitly. */
 struct cllm_gen_opts {

@@ -1,0 +1,59 @@
+/*
+ * Before a GPU serves: its logits for a fixed token sequence against the CPU backend's.
+ *
+ * A GPU backend is only as right as the vendor stack under it. A build for a platform this
+ * project cannot test (MUSA) may compile and start and still compute garbage (a warp that is
+ * wider than the kernels assume, a BLAS that is wrong for some shapes); a user would get
+ * well-formed nonsense for every answer. So the engine runs a short sequence through both the
+ * device's model and a CPU model of the same files (which borrows the mapped weights, so it
+ * costs a forward pass, not a second copy) and compares every output row: a prefill of more
+ * than 32 tokens (the GEMMs' tiled path, prefill attention over three KV blocks), then two
+ * decode steps (the skinny GEMMs, the fused epilogues, decode attention).
+ *
+ * The bound: a row agrees when no logit differs from the CPU's by more than
+ * CLLM_DEVICE_CHECK_BOUND of the row's range (max - min of the CPU's row) and every logit is
+ * finite. A right device differs by BF16 rounding of weights and activations (and, for a
+ * quantized GGUF, by the CPU's 8-bit activations): about 1% of the range (README, Measured);
+ * a wrong op, head, position or lane moves logits by tens of percent.
+ */
+#ifndef CLLM_ENGINE_DEVICE_CHECK_H
+#define CLLM_ENGINE_DEVICE_CHECK_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "model/model.h"
+#include "model/model_files.h"
+
+#define CLLM_DEVICE_CHECK_BOUND 0.1f
+
+/* How two models' logits compare over the check sequence (b is the reference). */
+struct cllm_agreement {
+    int32_t rows;      /* logit rows compared */
+    int32_t top1_same; /* rows whose argmax (lowest index on ties) is the same */
+    float worst;       /* max over rows of max_i |a_i - b_i| / (max b - min b); +inf for a
+                          non-finite logit of a, or a row of b with no range */
+    int32_t worst_row; /* the row where it is */
+};
+
+/* Error in a's row against the reference row b of n logits, as a share of b's range: +inf if
+ * a holds a NaN or infinity, or b's range is zero while a differs. */
+float cllm_logit_row_error(const float *a, const float *b, int32_t n);
+
+/* Runs the check sequence through a and b (each with a small KV cache of its own, allocated
+ * and freed here) and compares their output rows. An error of a's forward comes back as it
+ * is with *a_failed set (a device failure); any other error leaves it clear. */
+enum cllm_status cllm_models_compare(struct cllm_model *a, struct cllm_model *b,
+                                     struct cllm_agreement *r, bool *a_failed, char *err,
+                                     size_t err_len);
+
+/* The engine's check of dev, a model of mf on a GPU backend, against a CPU model of mf with
+ * n_threads threads (0 = physical cores). CLLM_OK when every row agrees (r filled, logged);
+ * CLLM_ERR_DEVICE when a row does not or dev's forward fails (err says which and by how
+ * much); another status when the check itself cannot run (the CPU model: out of memory).
+ * Leaves dev's KV cache state as it found it (the check uses a cache of its own). */
+enum cllm_status cllm_device_check(struct cllm_model *dev, const char *dev_name,
+                                   const struct cllm_model_files *mf, int32_t n_threads,
+                                   struct cllm_agreement *r, char *err, size_t err_len);
+
+#endif
