@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""scripts/build on a machine whose GPU toolkit cannot build cllm: it says so and builds the
+CPU-only binary instead, so a deployment still gets a server.
+
+The toolkit is a stand-in MUSA SDK (the build picks MUSA first when $MUSA_PATH/bin/clang++
+exists): its CMake package configures, its compiler is the system's g++, which rejects
+`-x musa` as a first build on an SDK the code was never compiled with may reject an unknown
+intrinsic. So the GPU attempt fails while compiling, in a folder configured for that compiler,
+which the fallback must set up afresh. The CPU build then runs and answers --help."""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from check_report import report
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+FIND_MUSA = """
+add_library(MUSA::musart INTERFACE IMPORTED)
+add_library(MUSA::mublas INTERFACE IMPORTED)
+set(MUSAToolkit_FOUND TRUE)
+"""
+
+
+def fake_sdk(root):
+    os.makedirs(os.path.join(root, "bin"))
+    os.makedirs(os.path.join(root, "cmake"))
+    cxx = shutil.which("g++") or "/usr/bin/g++"
+    clang = os.path.join(root, "bin", "clang++")
+    with open(clang, "w") as f:
+        f.write(f'#!/bin/sh\nexec {cxx} "$@"\n')
+    os.chmod(clang, 0o755)
+    with open(os.path.join(root, "cmake", "FindMUSAToolkit.cmake"), "w") as f:
+        f.write(FIND_MUSA)
+
+
+def main():
+    failures = []
+    with tempfile.TemporaryDirectory(prefix="cllm-build-test-") as tmp:
+        sdk, build = os.path.join(tmp, "musa"), os.path.join(tmp, "build")
+        fake_sdk(sdk)
+        env = dict(os.environ, MUSA_PATH=sdk, CLLM_BUILD_DIR=build)
+        r = subprocess.run([os.path.join(ROOT, "scripts", "build")], env=env,
+                           capture_output=True, text=True, timeout=1200, check=False)
+        err = r.stderr
+        lines = r.stdout.strip().splitlines()
+        binary = lines[-1] if lines else ""
+        if r.returncode != 0:
+            failures.append(f"scripts/build exit {r.returncode}: {err[-1500:]}")
+        if "the MUSA" not in err or "build failed" not in err:
+            failures.append(f"the failed MUSA build is not reported: {err[-1500:]}")
+        if "error: unrecognized command-line option" not in err.split("build failed", 1)[-1]:
+            failures.append("the report does not quote the compiler's error")
+        if "CPU only" not in err or "runs on the CPU" not in err:
+            failures.append(f"the fallback is not announced: {err[-800:]}")
+        if binary != os.path.join(build, "cllm") or not os.access(binary, os.X_OK):
+            failures.append(f"the last line is not the built binary: {binary!r}")
+        else:
+            h = subprocess.run([binary, "--help"], capture_output=True, text=True, check=False)
+            if "serve" not in h.stdout + h.stderr:
+                failures.append(f"the binary does not run: {h.stdout[-300:]} {h.stderr[-300:]}")
+            cache = open(os.path.join(build, "CMakeCache.txt")).read()
+            if "CLLM_MUSA:BOOL=OFF" not in cache or "CLLM_CUDA:BOOL=OFF" not in cache:
+                failures.append("the fallback build still has a GPU backend configured")
+    return report(failures, "scripts/build with a GPU toolkit that fails")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
