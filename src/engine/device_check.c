@@ -3,6 +3,8 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "backend/backend.h"
 #include "core/log.h"
@@ -96,6 +98,60 @@ static enum cllm_status compare_step(struct cllm_model *m[2], struct check_run *
     return CLLM_OK;
 }
 
+/* Draws from a's logits of the step [t, t + 1) with a's sampler (the step runs again: its
+ * cache slot gets the same values): greedy must give a's argmax, top-k a token among a's k
+ * best. */
+#define DRAW_TOP_K 20
+static enum cllm_status check_draws(struct cllm_model *a, struct check_run *c, int32_t t,
+                                    struct cllm_agreement *r, char *err, size_t err_len)
+{
+    const int32_t n_vocab = cllm_model_hparams(a)->n_vocab, last = 0;
+    struct cllm_step st = {.n_tokens = 1,
+                           .tokens = c->tokens + t,
+                           .pos = c->pos + t,
+                           .seq = c->seq + t,
+                           .slot = c->slot + t,
+                           .block_table = c->table,
+                           .n_seqs = 1,
+                           .max_blocks = N_BLOCKS,
+                           .n_outputs = 1,
+                           .outputs = &last};
+    const float *logits;
+    float *row = malloc((size_t)n_vocab * sizeof *row);
+    if (!row)
+        return cllm_fail(err, err_len, CLLM_ERR_NOMEM, "out of memory");
+    enum cllm_status s = cllm_model_forward(a, &c->kv[0], &st, &logits);
+    if (!s)
+        memcpy(row, logits, (size_t)n_vocab * sizeof *row);
+    const struct cllm_sample_row rows[2] = {
+        {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 1, .counter = 0},
+        {.temperature = 1.0f,
+         .top_k = DRAW_TOP_K,
+         .top_p = 1.0f,
+         .min_p = 0.0f,
+         .seed = 7,
+         .counter = 3}};
+    for (int i = 0; i < 2 && !s; i++) {
+        int32_t token = -1;
+        s = cllm_model_forward_sample(a, &c->kv[0], &st, &rows[i], &token, &logits);
+        if (s)
+            break;
+        int32_t above = 0; /* logits greater than the drawn one's */
+        if (token >= 0 && token < n_vocab)
+            for (int32_t v = 0; v < n_vocab; v++)
+                above += row[v] > row[token];
+        const bool ok = token >= 0 && token < n_vocab &&
+                        (i == 0 ? token == argmax(row, n_vocab) : above < DRAW_TOP_K);
+        r->draws++;
+        r->bad_draws += !ok;
+    }
+    free(row);
+    if (s)
+        cllm_fail(err, err_len, s, "the checked model: drawing a token failed: %s",
+                  cllm_status_str(s));
+    return s;
+}
+
 enum cllm_status cllm_models_compare(struct cllm_model *a, struct cllm_model *b,
                                      struct cllm_agreement *r, bool *a_failed, char *err,
                                      size_t err_len)
@@ -125,6 +181,8 @@ enum cllm_status cllm_models_compare(struct cllm_model *a, struct cllm_model *b,
                           err_len);
     for (int32_t t = PREFILL; st == CLLM_OK && t < PREFILL + DECODE; t++)
         st = compare_step(m, &c, t, t + 1, r, a_failed, err, err_len);
+    if (st == CLLM_OK && (st = check_draws(a, &c, PREFILL + DECODE - 1, r, err, err_len)))
+        *a_failed = true;
     for (int i = 0; i < n_kv; i++)
         cllm_kv_cache_free(&c.kv[i], m[i]);
     return st;
@@ -145,12 +203,18 @@ enum cllm_status cllm_device_check(struct cllm_model *dev, const char *dev_name,
         st = CLLM_ERR_DEVICE; /* err says what failed */
     if (!st) {
         const float pct = 100.0f * r->worst;
-        if (r->worst <= CLLM_DEVICE_CHECK_BOUND) {
+        if (r->worst <= CLLM_DEVICE_CHECK_BOUND && r->bad_draws == 0) {
             cllm_log(CLLM_LOG_INFO,
                      "device check: %s agrees with the CPU on %d logit rows: worst error %.2f%% "
-                     "of a row's range (bound %.0f%%), the same top token in %d of %d",
+                     "of a row's range (bound %.0f%%), the same top token in %d of %d; its "
+                     "%d draws are right",
                      dev_name, (int)r->rows, pct, 100.0f * CLLM_DEVICE_CHECK_BOUND,
-                     (int)r->top1_same, (int)r->rows);
+                     (int)r->top1_same, (int)r->rows, (int)r->draws);
+        } else if (r->bad_draws) {
+            st = cllm_fail(err, err_len, CLLM_ERR_DEVICE,
+                           "device check: the %s backend's sampler drew %d wrong tokens of %d "
+                           "(greedy must be its argmax, top-%d among its %d best logits)",
+                           dev_name, (int)r->bad_draws, (int)r->draws, DRAW_TOP_K, DRAW_TOP_K);
         } else {
             st = cllm_fail(err, err_len, CLLM_ERR_DEVICE,
                            "device check: the %s backend's logits differ from the CPU's by %.3g%% "

@@ -8,13 +8,15 @@
  * device's model and a CPU model of the same files (which borrows the mapped weights, so it
  * costs a forward pass, not a second copy) and compares every output row: a prefill of more
  * than 32 tokens (the GEMMs' tiled path, prefill attention over three KV blocks), then two
- * decode steps (the skinny GEMMs, the fused epilogues, decode attention).
+ * decode steps (the skinny GEMMs, the fused epilogues, decode attention), then draws from the
+ * last step's logits with the device's sampler.
  *
  * The bound: a row agrees when no logit differs from the CPU's by more than
  * CLLM_DEVICE_CHECK_BOUND of the row's range (max - min of the CPU's row) and every logit is
  * finite. A right device differs by BF16 rounding of weights and activations (and, for a
  * quantized GGUF, by the CPU's 8-bit activations): about 1% of the range (README, Measured);
- * a wrong op, head, position or lane moves logits by tens of percent.
+ * a wrong op, head, position or lane moves logits by tens of percent. A draw is right when a
+ * greedy token is the device's own argmax and a top-k token is among its k best logits.
  */
 #ifndef CLLM_ENGINE_DEVICE_CHECK_H
 #define CLLM_ENGINE_DEVICE_CHECK_H
@@ -34,6 +36,9 @@ struct cllm_agreement {
     float worst;       /* max over rows of max_i |a_i - b_i| / (max b - min b); +inf for a
                           non-finite logit of a, or a row of b with no range */
     int32_t worst_row; /* the row where it is */
+    int32_t draws;     /* tokens a drew from its last step's logits (its sampler) ... */
+    int32_t bad_draws; /* ... of which outside what the row allows: greedy not a's argmax,
+                          top-k not among a's k best */
 };
 
 /* Error in a's row against the reference row b of n logits, as a share of b's range: +inf if
@@ -41,8 +46,10 @@ struct cllm_agreement {
 float cllm_logit_row_error(const float *a, const float *b, int32_t n);
 
 /* Runs the check sequence through a and b (each with a small KV cache of its own, allocated
- * and freed here) and compares their output rows. An error of a's forward comes back as it
- * is with *a_failed set (a device failure); any other error leaves it clear. */
+ * and freed here) and compares their output rows; then draws tokens from a's last step with
+ * a's own sampler (the device's, where it has one): greedy, and top-k at temperature 1. An
+ * error of a's forward comes back as it is with *a_failed set (a device failure); any other
+ * error leaves it clear. */
 enum cllm_status cllm_models_compare(struct cllm_model *a, struct cllm_model *b,
                                      struct cllm_agreement *r, bool *a_failed, char *err,
                                      size_t err_len);

@@ -2,7 +2,8 @@
  * The device check's arithmetic (engine/device_check.h) and its bound on the real small model:
  *   - a row's error as a share of the reference's range, and +inf where it must fail (a NaN or
  *     infinity from the device, a flat reference row the device does not match);
- *   - the same model on two CPU backends (1 and 2 threads) agrees exactly;
+ *   - the same model on two CPU backends (1 and 2 threads) agrees exactly, and its draws
+ *     (greedy, top-k) are what the rows allow;
  *   - the quantized GGUF on the CPU (8-bit activations, the reference a GPU is checked against
  *     when it serves a GGUF) against the F32 HF folder made from it (exact arithmetic): within a
  *     third of the bound. A right GPU's own BF16 error is of the same size (README, Measured),
@@ -83,6 +84,9 @@ static void test_models(void)
     compare(&gguf1, &gguf2, &r, "GGUF, 1 thread vs 2");
     CHECKF(r.rows == 5 && r.worst == 0.0f && r.top1_same == 5, "rows %d, worst %g", (int)r.rows,
            r.worst);
+    /* the CPU draws on the host as a device sampler would: greedy, then top-k */
+    CHECKF(r.draws == 2 && r.bad_draws == 0, "%d of %d draws wrong", (int)r.bad_draws,
+           (int)r.draws);
     compare(&gguf1, &hf, &r, "GGUF (8-bit activations) vs its F32 HF folder");
     CHECKF(r.rows == 3 && r.worst <= CLLM_DEVICE_CHECK_BOUND / 3,
            "rows %d, worst %.3f%% of a row's range: the bound (%.0f%%) has too little room",
