@@ -282,14 +282,18 @@ cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
 cudaError_t cudaSetDevice(int) { return cudaSuccess; }
 cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int)
 {
-    const char *e = getenv("EMU_SMEM_OPTIN");
+    /* EMU_SMEM_OPTIN=N: the opt-in limit; EMU_NO_SMEM_OPTIN=1: a runtime that does not know
+     * the attribute (what a vendor's port may do) */
+    const char *e = getenv("EMU_SMEM_OPTIN"), *no = getenv("EMU_NO_SMEM_OPTIN");
+    if (a == cudaDevAttrMaxSharedMemoryPerBlockOptin && no && !strcmp(no, "1")) return cudaErrorInvalidValue;
     if (a == cudaDevAttrMaxSharedMemoryPerBlockOptin) { *v = e ? atoi(e) : 232448; return cudaSuccess; }
     if (a == cudaDevAttrMultiProcessorCount) { *v = 132; return cudaSuccess; }
     return cudaErrorInvalidValue;
 }
 cudaError_t emu_func_set_attribute(const void *, enum cudaFuncAttribute a, int v)
 {
-    int optin; cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0);
+    int optin;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0) != cudaSuccess) optin = 48 * 1024;
     if (a != cudaFuncAttributeMaxDynamicSharedMemorySize || v < 0 || v > optin) return cudaErrorInvalidValue;
     dyn_max = (size_t)v;
     return cudaSuccess;

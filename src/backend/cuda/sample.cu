@@ -54,9 +54,11 @@
 #define GAP_MAX 64.0f
 #define CAND_MAX 16384 /* candidates sorted in shared memory, at most */
 #define CAND_MIN 4096  /* the same region holds the histograms: >= 32 KiB */
+#define DEFAULT_SMEM (48 * 1024) /* shared memory per block on every device, without opt-in */
 
 static_assert((THREADS & (THREADS - 1)) == 0 && THREADS >= 32 && THREADS <= 1024,
               "THREADS must be a power of two in [32, 1024]");
+static_assert(CAND_MIN * 8 + 2048 <= DEFAULT_SMEM, "the smallest region needs no opt-in");
 static_assert(CAND_MIN * 8 >= KEY_BINS * 4 && CAND_MIN * 8 >= GAP_BINS * 8 * 2 &&
                   CAND_MIN * 8 >= 2048 * 4 + 2048 * 8,
               "the shared region must hold every histogram (see where each is laid out)");
@@ -976,20 +978,27 @@ extern "C" cudaError_t cllm_cuda_sample(const float *logits, int32_t n, int32_t 
     if (n == 0)
         return cudaSuccess;
     /* As many candidates as the device's shared memory per block holds (16384 on Hopper and
-     * A100, 8192 on consumer Ampere and Ada); the block state needs well under 2 KiB. */
+     * A100, 8192 on consumer Ampere and Ada); the block state needs well under 2 KiB. A
+     * runtime that cannot say (a vendor's port may not know the attribute) gets the 48 KiB
+     * every device gives a block without asking: CAND_MIN candidates. */
     int device = 0, optin = 0;
     cudaError_t e = cudaGetDevice(&device);
     if (e == cudaSuccess)
         e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-    if (e != cudaSuccess)
-        return e;
+    if (e != cudaSuccess || optin < DEFAULT_SMEM) {
+        (void)cudaGetLastError(); /* not an error of the draw */
+        optin = DEFAULT_SMEM;
+    }
     uint32_t cap = CAND_MAX;
     while (cap > CAND_MIN && (size_t)cap * 8 + 2048 > (size_t)optin)
         cap >>= 1;
     const size_t smem = (size_t)cap * 8;
-    e = cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess)
-        return e;
+    if (smem + 2048 > DEFAULT_SMEM) {
+        e = cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)smem);
+        if (e != cudaSuccess)
+            return e;
+    }
     sample_kernel<<<(unsigned)n, THREADS, smem, stream>>>(logits, n_vocab, rows_dev, tokens_dev,
                                                           cap);
     return cudaGetLastError();
