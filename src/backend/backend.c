@@ -46,9 +46,10 @@ enum cllm_status cllm_backend_new(struct cllm_backend **out, const struct cllm_b
                                   char *err, size_t err_len)
 {
     enum cllm_status st = backend_new(out, o, err, err_len);
-    /* Tests of a lost device (fault.h): the device fails once this file exists. */
+    /* Tests of a lost device (fault.h): the device fails once this file exists. A backend
+     * asked for as the CPU by name is never wrapped: it is where a lost GPU's work goes. */
     const char *trigger = getenv("CLLM_FAULT_FILE");
-    if (st || !trigger || !*trigger)
+    if (st || !trigger || !*trigger || o->kind == CLLM_BACKEND_CPU)
         return st;
     if ((st = cllm_backend_fault_wrap(out, trigger))) {
         cllm_backend_free(*out);

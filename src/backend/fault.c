@@ -74,6 +74,9 @@ enum cllm_status cllm_backend_fault_wrap(struct cllm_backend **be, const char *t
     f->iface.sync = fault_sync;
     f->iface.upload = fault_upload;
     f->iface.download = fault_download;
+    const char *name = getenv("CLLM_FAULT_NAME"); /* the environment outlives the wrapper */
+    if (name && *name)
+        f->iface.name = name;
     f->be.iface = &f->iface;
     f->be.ctx = (*be)->ctx;
     *be = &f->be;

@@ -6,8 +6,10 @@
 #include "backend/backend.h"
 
 /* Wraps *be: it works as before until a sync finds the file `trigger` present; from then on
- * every sync, upload and download fails with CLLM_ERR_DEVICE. On success *be is the wrapper,
- * which owns (and frees) the original; on failure *be is unchanged. */
+ * every sync, upload and download fails with CLLM_ERR_DEVICE. The wrapper keeps the
+ * backend's name, or takes CLLM_FAULT_NAME's (a CPU backend passing for a GPU: the engine
+ * checks it at start and, under --device auto, moves to the CPU when it is lost). On success
+ * *be is the wrapper, which owns (and frees) the original; on failure *be is unchanged. */
 enum cllm_status cllm_backend_fault_wrap(struct cllm_backend **be, const char *trigger);
 
 #endif

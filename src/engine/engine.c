@@ -69,8 +69,9 @@ struct cllm_engine {
     struct cllm_request *incoming_head, *incoming_tail; /* under lock */
     int32_t n_incoming;                                 /* under lock */
     bool stop;                                          /* under lock */
-    char lost[192];   /* under lock: why the device can run nothing more ("" while it can) */
-    uint64_t next_id; /* under lock */
+    char lost[192]; /* under lock: why the device can run nothing more ("" while it can) */
+    const char *backend_name;       /* under lock: the backend's name (a static string) */
+    uint64_t next_id;               /* under lock */
     struct cllm_engine_stats stats; /* under lock */
 };
 
@@ -301,10 +302,158 @@ static void pop_flight(struct cllm_engine *e)
     e->n_flights--;
 }
 
+/* Room for max_seqs sequences of up to 2048 tokens, capped at 4 GiB, but always at least one
+ * full context. */
+static int64_t default_kv_bytes(int64_t per_token, int32_t max_seqs, int32_t n_ctx)
+{
+    int64_t per_seq = n_ctx < 2048 ? n_ctx : 2048;
+    int64_t want = per_token * per_seq * max_seqs, cap = (int64_t)4 << 30;
+    if (want > cap)
+        want = cap;
+    return want > per_token * n_ctx ? want : per_token * n_ctx;
+}
+
+static enum cllm_status init_model_on(struct cllm_engine *e, enum cllm_backend_kind kind, char *err,
+                                      size_t err_len)
+{
+    const struct cllm_engine_config *cfg = &e->cfg;
+    struct cllm_backend_options bo = {kind, cfg->n_threads, cfg->device};
+    enum cllm_status st = cllm_backend_new(&e->be, &bo, err, err_len);
+    if (!st)
+        st = cllm_model_init(&e->model, e->mf, e->be, cfg->max_batch_tokens, cfg->max_seqs, err,
+                             err_len);
+    return st;
+}
+
+/* Blocks of KV cache that kv_bytes buy on the current model (0: the CPU's default budget);
+ * the callers see to the minimums. */
+static int64_t cache_blocks(const struct cllm_engine *e, int64_t kv_bytes)
+{
+    const struct cllm_engine_config *cfg = &e->cfg;
+    int64_t per_token = (int64_t)cllm_model_kv_bytes_per_token(e->model);
+    if (!kv_bytes)
+        kv_bytes = default_kv_bytes(per_token, cfg->max_seqs, e->n_ctx);
+    int64_t block_bytes = per_token * cfg->block_size;
+    /* The default budget rounds up to whole blocks; an explicit --kv-mem is a ceiling. */
+    return cfg->kv_bytes ? kv_bytes / block_bytes : (kv_bytes + block_bytes - 1) / block_bytes;
+}
+
+/* How steps are run on the current model: see cllm_engine_config and the top of the file. */
+static void set_step_modes(struct cllm_engine *e)
+{
+    const struct cllm_engine_config *cfg = &e->cfg;
+    e->draws = cllm_model_samples_on_device(e->model) || cfg->run_ahead > 0;
+    /* CLLM_NO_RUN_AHEAD=1 turns the default off, for comparison */
+    const char *no_ahead = getenv("CLLM_NO_RUN_AHEAD");
+    bool ahead_default = cllm_model_queues_steps(e->model) && !(no_ahead && !strcmp(no_ahead, "1"));
+    e->run_ahead = e->draws && (cfg->run_ahead > 0 || (cfg->run_ahead == 0 && ahead_default));
+    e->overlap = cfg->overlap > 0 || (cfg->overlap == 0 && cllm_model_samples_on_device(e->model));
+}
+
+/* r once more among the requests to carry over, unless it is there already or over. */
+static void keep_request(struct cllm_request **keep, int32_t *n, struct cllm_request *r)
+{
+    if (r->ended)
+        return;
+    for (int32_t i = 0; i < *n; i++)
+        if (keep[i] == r)
+            return;
+    keep[(*n)++] = r;
+}
+
+/* Under --device auto a lost GPU is not the end of the requests it held: the engine loads the
+ * model on the CPU and goes on with every request, as if each had been preempted -- its known
+ * tokens kept (those that launched steps drew and nobody saw are gone with the device), its
+ * cache recomputed. Slower, but no answer is lost. Returns false, having changed nothing, if
+ * the CPU model or its cache cannot be made. */
+static bool move_to_cpu(struct cllm_engine *e, enum cllm_status rc)
+{
+    const struct cllm_engine_config *cfg = &e->cfg;
+    struct cllm_scheduler *s = &e->sched;
+    struct cllm_backend *old_be = e->be;
+    struct cllm_model *old_model = e->model;
+    int32_t cap = s->n_running + s->n_waiting;
+    for (int32_t i = 0; i < e->n_flights; i++)
+        cap += flight_at(e, i)->n_entries;
+    struct cllm_request **keep = cllm_malloc_array((size_t)cap + 1, sizeof *keep);
+    struct cllm_kv_cache kv = {0};
+    struct cllm_scheduler ns;
+    char err[256] = "";
+    e->be = NULL;
+    e->model = NULL;
+    enum cllm_status st = keep ? init_model_on(e, CLLM_BACKEND_CPU, err, sizeof err)
+                               : cllm_fail(err, sizeof err, CLLM_ERR_NOMEM, "out of memory");
+    int64_t n_blocks = 0;
+    if (!st) {
+        n_blocks = cache_blocks(e, cfg->kv_bytes);
+        int64_t need = (e->n_ctx + cfg->block_size - 1) / cfg->block_size;
+        if (n_blocks < need)
+            n_blocks = need; /* one sequence must always fit */
+        st = cllm_kv_cache_init(&kv, e->model, (int32_t)n_blocks, cfg->block_size, err, sizeof err);
+    }
+    if (!st &&
+        (st = cllm_scheduler_init(&ns, (int32_t)n_blocks, cfg->block_size, cfg->max_batch_tokens,
+                                  cfg->max_seqs, cfg->prefix_cache))) {
+        cllm_kv_cache_free(&kv, e->model);
+        cllm_fail(err, sizeof err, st, "out of memory for the scheduler");
+    }
+    if (st) {
+        cllm_log(CLLM_LOG_ERROR, "engine: cannot move to the CPU: %s", err);
+        cllm_model_free(e->model);
+        cllm_backend_free(e->be);
+        e->be = old_be;
+        e->model = old_model;
+        free(keep);
+        return false;
+    }
+    /* Every request that is not over, in the order they came: running (including the failed
+     * plan's), those only a launched step still held (at their length limit), waiting. */
+    int32_t n = 0;
+    for (int32_t i = 0; i < s->n_running; i++)
+        keep_request(keep, &n, s->running[i]);
+    for (int32_t f = 0; f < e->n_flights; f++)
+        for (int32_t j = 0; j < flight_at(e, f)->n_entries; j++)
+            keep_request(keep, &n, flight_at(e, f)->entries[j].req);
+    for (int32_t i = 0; i < s->n_waiting; i++)
+        keep_request(keep, &n, s->waiting[(s->wait_head + i) % s->wait_cap]);
+    for (int32_t i = 0; i < n; i++) {
+        cllm_request_retain(keep[i]);
+        keep[i]->n_tokens -= keep[i]->n_unseen;
+        keep[i]->n_unseen = 0;
+        keep[i]->unseen_output = 0;
+    }
+    while (e->n_flights > 0)
+        pop_flight(e);
+    ns.n_preemptions = s->n_preemptions + (uint64_t)s->n_running;
+    cllm_scheduler_free(s); /* every request's blocks go back, its n_computed to 0 */
+    cllm_kv_cache_free(&e->kv, old_model);
+    cllm_model_free(old_model);
+    cllm_log(CLLM_LOG_ERROR,
+             "engine: the %s device failed (%s): its %d requests go on on the CPU (recomputed "
+             "from their tokens so far), and so does everything from now on",
+             old_be->iface->name, cllm_status_str(rc), (int)n);
+    cllm_backend_free(old_be);
+    e->kv = kv;
+    *s = ns;
+    for (int32_t i = 0; i < n; i++) {
+        if (cllm_scheduler_add(s, keep[i]) != CLLM_OK)
+            end_request(e, keep[i], CLLM_FINISH_ERROR, "out of memory moving to the CPU");
+        cllm_request_release(keep[i]);
+    }
+    free(keep);
+    set_step_modes(e);
+    pthread_mutex_lock(&e->lock);
+    e->backend_name = e->be->iface->name;
+    e->stats.kv_blocks_total = (int32_t)n_blocks;
+    pthread_mutex_unlock(&e->lock);
+    return true;
+}
+
 /* A launch or a wait failed: the requests of every launched step and of the plan (if
  * `plan`) end with the error. If the device does not answer a sync either, the error sticks
- * (a CUDA illegal address, a lost GPU): nothing can run any more, so every request ends,
- * new ones are refused and the health check reports it, for the server to be restarted. */
+ * (a CUDA illegal address, a lost GPU): under --device auto the engine goes on on the CPU
+ * (move_to_cpu); otherwise nothing can run any more, so every request ends, new ones are
+ * refused and the health check reports it, for the server to be restarted. */
 static void step_failed(struct cllm_engine *e, enum cllm_status rc, bool plan)
 {
     const struct cllm_plan *p = &e->sched.plan;
@@ -314,13 +463,17 @@ static void step_failed(struct cllm_engine *e, enum cllm_status rc, bool plan)
              (int)(plan ? p->n_entries : flight_at(e, 0)->n_entries));
     if (e->draws)
         cllm_model_drop_launched(e->model);
+    bool sticks = rc == CLLM_ERR_DEVICE && e->be->iface->sync(e->be) != CLLM_OK;
+    if (sticks && e->cfg.backend == CLLM_BACKEND_AUTO && strcmp(e->be->iface->name, "cpu") != 0 &&
+        move_to_cpu(e, rc))
+        return;
     if (plan)
         fail_entries(e, p->entries, p->n_entries, msg);
     while (e->n_flights > 0) {
         fail_entries(e, flight_at(e, 0)->entries, flight_at(e, 0)->n_entries, msg);
         pop_flight(e);
     }
-    if (rc != CLLM_ERR_DEVICE || e->be->iface->sync(e->be) == CLLM_OK)
+    if (!sticks)
         return;
     char lost[sizeof e->lost];
     snprintf(lost, sizeof lost,
@@ -506,17 +659,6 @@ static void *engine_main(void *arg)
 
 /* --- setup --- */
 
-/* Room for max_seqs sequences of up to 2048 tokens, capped at 4 GiB, but always at least one
- * full context. */
-static int64_t default_kv_bytes(int64_t per_token, int32_t max_seqs, int32_t n_ctx)
-{
-    int64_t per_seq = n_ctx < 2048 ? n_ctx : 2048;
-    int64_t want = per_token * per_seq * max_seqs, cap = (int64_t)4 << 30;
-    if (want > cap)
-        want = cap;
-    return want > per_token * n_ctx ? want : per_token * n_ctx;
-}
-
 /* On a device that reports its memory: the KV cache takes what the --gpu-mem-fraction share
  * of the device leaves after the weights, activations and everyone else's use, less a
  * reserve for the BLAS workspace and recorded steps. 0 when the backend reports nothing. */
@@ -562,18 +704,6 @@ static void release(struct cllm_engine *e)
     pthread_mutex_destroy(&e->lock);
     pthread_cond_destroy(&e->wake);
     free(e);
-}
-
-static enum cllm_status init_model_on(struct cllm_engine *e, enum cllm_backend_kind kind, char *err,
-                                      size_t err_len)
-{
-    const struct cllm_engine_config *cfg = &e->cfg;
-    struct cllm_backend_options bo = {kind, cfg->n_threads, cfg->device};
-    enum cllm_status st = cllm_backend_new(&e->be, &bo, err, err_len);
-    if (!st)
-        st = cllm_model_init(&e->model, e->mf, e->be, cfg->max_batch_tokens, cfg->max_seqs, err,
-                             err_len);
-    return st;
 }
 
 /* The backend and the model on it. A GPU's logits are checked against the CPU's first
@@ -638,12 +768,7 @@ enum cllm_status cllm_engine_new(struct cllm_engine **out, const struct cllm_mod
     int64_t kv_bytes = cfg->kv_bytes;
     if (!kv_bytes && (st = device_kv_bytes(e, &kv_bytes, err, err_len)))
         goto fail;
-    if (!kv_bytes)
-        kv_bytes = default_kv_bytes(per_token, cfg->max_seqs, e->n_ctx);
-    int64_t block_bytes = per_token * cfg->block_size;
-    /* The default budget rounds up to whole blocks; an explicit --kv-mem is a ceiling. */
-    int64_t n_blocks =
-        cfg->kv_bytes ? kv_bytes / block_bytes : (kv_bytes + block_bytes - 1) / block_bytes;
+    int64_t n_blocks = cache_blocks(e, kv_bytes);
     if (!cfg->kv_bytes && n_blocks < 2)
         n_blocks = 2; /* the smallest cache the scheduler works with */
     if (n_blocks < 2 || n_blocks > INT32_MAX / cfg->block_size) {
@@ -692,12 +817,8 @@ enum cllm_status cllm_engine_new(struct cllm_engine **out, const struct cllm_mod
         st = cllm_fail(err, err_len, CLLM_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    e->draws = cllm_model_samples_on_device(e->model) || cfg->run_ahead > 0;
-    /* CLLM_NO_RUN_AHEAD=1 turns the default off, for comparison */
-    const char *no_ahead = getenv("CLLM_NO_RUN_AHEAD");
-    bool ahead_default = cllm_model_queues_steps(e->model) && !(no_ahead && !strcmp(no_ahead, "1"));
-    e->run_ahead = e->draws && (cfg->run_ahead > 0 || (cfg->run_ahead == 0 && ahead_default));
-    e->overlap = cfg->overlap > 0 || (cfg->overlap == 0 && cllm_model_samples_on_device(e->model));
+    set_step_modes(e);
+    e->backend_name = e->be->iface->name;
     e->stats.kv_blocks_total = (int32_t)n_blocks;
     e->stats.block_size = cfg->block_size;
     e->stats.n_ctx = e->n_ctx;
@@ -802,7 +923,10 @@ int32_t cllm_engine_n_ctx(const struct cllm_engine *e)
     return e->n_ctx;
 }
 
-const char *cllm_engine_backend_name(const struct cllm_engine *e)
+const char *cllm_engine_backend_name(struct cllm_engine *e)
 {
-    return e->be->iface->name;
+    pthread_mutex_lock(&e->lock);
+    const char *name = e->backend_name;
+    pthread_mutex_unlock(&e->lock);
+    return name;
 }

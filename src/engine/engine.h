@@ -76,6 +76,8 @@ void cllm_engine_stats(struct cllm_engine *e, struct cllm_engine_stats *s);
  * reason. The server reports itself unhealthy then. */
 bool cllm_engine_lost(struct cllm_engine *e, char *why, size_t why_len);
 int32_t cllm_engine_n_ctx(const struct cllm_engine *e);
-const char *cllm_engine_backend_name(const struct cllm_engine *e);
+/* The backend it runs on: a static string ("cpu", "cuda"); under --device auto it turns to
+ * "cpu" if the GPU is lost (engine.c, move_to_cpu). */
+const char *cllm_engine_backend_name(struct cllm_engine *e);
 
 #endif

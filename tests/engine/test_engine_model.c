@@ -9,6 +9,8 @@
  *     as on a GPU; the CPU draws the tokens as a device would): same answers and token counts,
  *     also when an EOS token or a stop string ends a request that the next step already
  *     computes, and under preemption;
+ *   - a device lost mid-batch under --device auto: the engine moves to the CPU and every
+ *     answer is still the same as alone (with and without run-ahead);
  *   - cancellation frees the request's KV blocks within a step;
  *   - prompts beyond the context window and a full queue are refused with clear errors.
  */
@@ -253,6 +255,65 @@ static void test_eos_run_ahead(const struct cllm_buf *alone)
     }
 }
 
+/* A device lost in the middle of a batch (CLLM_FAULT_FILE; the CPU backend passing for a GPU
+ * by CLLM_FAULT_NAME) under --device auto: the engine moves to the CPU, and every request
+ * still gets its whole answer, the same as alone -- without and with run-ahead (whose
+ * placeholder tokens are lost with the device). */
+static void test_device_lost(const struct cllm_buf *alone)
+{
+    char dir[] = "/tmp/cllm-lost-XXXXXX", trigger[64];
+    if (!mkdtemp(dir)) {
+        CHECKF(0, "mkdtemp failed");
+        return;
+    }
+    snprintf(trigger, sizeof trigger, "%s/lost", dir);
+    setenv("CLLM_FAULT_FILE", trigger, 1);
+    setenv("CLLM_FAULT_NAME", "fake-gpu", 1);
+    for (int ra = 0; ra < 2; ra++) {
+        struct cllm_engine *e = engine_modes(0, 256, 512, 0, ra ? 1 : -1, ra ? 1 : -1);
+        if (!e)
+            break;
+        CHECKF(!strcmp(cllm_engine_backend_name(e), "fake-gpu"), "run-ahead %d: starts on %s",
+               ra, cllm_engine_backend_name(e));
+        struct cllm_request_params p;
+        params(&p, GEN);
+        struct cllm_request *reqs[4];
+        struct cllm_request_output outs[4];
+        memset(outs, 0, sizeof outs);
+        char err[256];
+        for (int i = 0; i < 4; i++)
+            CHECKF(cllm_engine_submit(e, prompts[i].v, (int32_t)prompts[i].n, &p, &reqs[i], err,
+                                      sizeof err) == CLLM_OK,
+                   "%s", err);
+        /* lost once the first answer is a few tokens in (the others are mid-prompt or also
+         * generating) */
+        while (!cllm_request_poll(reqs[0], 10, &outs[0]) && outs[0].n_generated < 3)
+            ;
+        fclose(fopen(trigger, "w"));
+        for (int i = 0; i < 4; i++) {
+            while (!cllm_request_poll(reqs[i], -1, &outs[i]))
+                ;
+            cllm_request_release(reqs[i]);
+            CHECKF(outs[i].reason != CLLM_FINISH_ERROR && outs[i].text.len == alone[i].len &&
+                       memcmp(outs[i].text.data, alone[i].data, alone[i].len) == 0,
+                   "run-ahead %d, question %d: after the device was lost: reason %d (%s), "
+                   "%zu bytes of %zu",
+                   ra, i, (int)outs[i].reason, outs[i].error, outs[i].text.len, alone[i].len);
+            cllm_buf_free(&outs[i].text);
+        }
+        CHECKF(!strcmp(cllm_engine_backend_name(e), "cpu"), "run-ahead %d: ends on %s", ra,
+               cllm_engine_backend_name(e));
+        struct cllm_engine_stats st;
+        wait_idle(e, &st);
+        CHECK(st.kv_blocks_used == 0 && st.running == 0 && st.requests_finished == 4);
+        cllm_engine_free(e);
+        unlink(trigger);
+    }
+    unsetenv("CLLM_FAULT_FILE");
+    unsetenv("CLLM_FAULT_NAME");
+    rmdir(dir);
+}
+
 static void test_invariance(void)
 {
     struct cllm_buf alone[N_Q] = {0}, batched[N_Q] = {0}, squeezed[N_Q] = {0};
@@ -302,6 +363,7 @@ static void test_invariance(void)
     cllm_engine_free(e);
     test_stop_string(alone);
     test_eos_run_ahead(alone);
+    test_device_lost(alone);
     for (int i = 0; i < N_Q; i++) {
         CHECKF(n_batched[i] == n_alone[i], "question %d: %d tokens batched, %d alone", i,
                (int)n_batched[i], (int)n_alone[i]);

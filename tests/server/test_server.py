@@ -650,6 +650,36 @@ def test_lost_device():
         os.rmdir(os.path.dirname(trigger))
 
 
+def test_lost_gpu_moves_to_cpu():
+    """Under --device auto (the default) a lost GPU -- here the CPU backend passing for one
+    (CLLM_FAULT_NAME) -- is not the end: the engine moves to the CPU, the request in flight and
+    every later one are answered, and the health check says where it runs now."""
+    trigger = os.path.join(tempfile.mkdtemp(prefix="cllm-fault-"), "lost")
+    srv = Server(env={"CLLM_FAULT_FILE": trigger, "CLLM_FAULT_NAME": "fake-gpu"})
+    try:
+        if not check(srv.wait_ready(), "fourth server (fault file, passing for a GPU) ready"):
+            return
+        port = srv.port
+        st, _, body = request(port, "GET", "/health")
+        check(st == 200 and json.loads(body).get("backend") == "fake-gpu",
+              f"starts on the 'GPU': {st} {body[:200]}")
+        open(trigger, "w").close()
+        st, _, j = post(port, "/predict", {"prompt": ["hi", "1, 2, 3,"], "max_tokens": 4})
+        check(st == 200 and isinstance(j, dict) and len(j.get("response", [])) == 2,
+              f"the batch in flight when the device is lost is answered: {st} {j}")
+        st, _, body = request(port, "GET", "/health")
+        check(st == 200 and json.loads(body).get("backend") == "cpu",
+              f"health: ok, on the CPU now: {st} {body[:200]}")
+        st, _, j = post(port, "/predict", {"prompt": "hi", "max_tokens": 2})
+        check(st == 200 and "response" in j, f"later requests are served: {st} {j}")
+    finally:
+        rc = srv.stop()
+        check(rc == 0, f"the server that moved to the CPU exits 0 on SIGTERM: {rc}")
+        if os.path.exists(trigger):
+            os.unlink(trigger)
+        os.rmdir(os.path.dirname(trigger))
+
+
 def test_sigterm(srv):
     # SIGTERM while a stream is in flight: the stream ends, the process exits 0 quickly.
     s = raw_post(srv.port, "/v1/completions", {"prompt": COUNTING, "max_tokens": 400, "stream": True})
@@ -708,6 +738,7 @@ def main():
             srv.dump()
     test_auth_and_queue()
     test_lost_device()
+    test_lost_gpu_moves_to_cpu()
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 
