@@ -71,9 +71,10 @@ enum cllm_status cllm_engine_submit(struct cllm_engine *e, const int32_t *prompt
 bool cllm_engine_queue_full(struct cllm_engine *e);
 
 void cllm_engine_stats(struct cllm_engine *e, struct cllm_engine_stats *s);
-/* True once the device has failed for good (a step failed and the device no longer answers):
- * every request since ends with an error and submits fail with CLLM_ERR_DEVICE; why gets the
- * reason. The server reports itself unhealthy then. */
+/* True once the device has failed for good (a step failed and the device no longer answers)
+ * and the engine could not move to the CPU (it does under CLLM_BACKEND_AUTO): every request
+ * since ends with an error and submits fail with CLLM_ERR_DEVICE; why gets the reason. The
+ * server reports itself unhealthy then. */
 bool cllm_engine_lost(struct cllm_engine *e, char *why, size_t why_len);
 int32_t cllm_engine_n_ctx(const struct cllm_engine *e);
 /* The backend it runs on: a static string ("cpu", "cuda"); under --device auto it turns to
