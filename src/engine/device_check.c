@@ -1,4 +1,4 @@
-/* The device check (device_check.h): one fixed sequence through two models, row by row. */
+/* The device check (device_check.h): fixed sequences through two models, row by row. */
 #include "engine/device_check.h"
 
 #include <math.h>
@@ -10,10 +10,16 @@
 #include "core/log.h"
 #include "core/status.h"
 
-#define PREFILL 40 /* > 32: the tiled GEMMs; 3 KV blocks with the decode steps */
+/* Sequence 0: a prefill of more than 32 tokens (the tiled GEMMs), then DECODE single tokens;
+ * 3 KV blocks. Sequence 1, where the models' steps take both: a shorter prompt in the same
+ * prefill step, then decoded beside sequence 0 (several sequences per step, as served). */
+#define PREFILL0 40
+#define PREFILL1 24
 #define DECODE 2
+#define LEN_MAX (PREFILL0 + DECODE)
 #define BLOCK 16
-#define N_BLOCKS 3
+#define MAX_BLOCKS 3 /* per sequence */
+#define BOTH_STEP (PREFILL0 + PREFILL1)
 
 float cllm_logit_row_error(const float *a, const float *b, int32_t n)
 {
@@ -38,121 +44,133 @@ static int32_t argmax(const float *x, int32_t n)
     return best;
 }
 
-/* Both models' caches, and the step layout they share: one sequence whose blocks are not in
- * order in the pool, so a wrong slot or block lookup shows. */
+/* Both models' caches and the sequences' layout: blocks not in order in the pool and the
+ * two sequences' blocks interleaved, so a wrong slot or block lookup shows. */
 struct check_run {
     struct cllm_kv_cache kv[2];
-    int32_t tokens[PREFILL + DECODE], pos[PREFILL + DECODE], seq[PREFILL + DECODE];
-    int32_t slot[PREFILL + DECODE];
-    int32_t table[N_BLOCKS];
+    int32_t n_seqs;
+    int32_t ids[2][LEN_MAX];
+    int32_t table[2][MAX_BLOCKS];
+    /* the step being built: segments of the sequences, each output its segment's last token */
+    int32_t tokens[BOTH_STEP], pos[BOTH_STEP], seq[BOTH_STEP], slot[BOTH_STEP], outputs[2];
+    struct cllm_step step;
 };
 
-static void layout(struct check_run *c, int32_t n_vocab)
+static void layout(struct check_run *c, int32_t n_vocab, int32_t n_seqs)
 {
-    static const int32_t table[N_BLOCKS] = {2, 0, 1};
+    static const int32_t table[2][MAX_BLOCKS] = {{4, 0, 2}, {1, 3, 3}};
     /* ordinary tokens of any Qwen2 vocabulary (below its specials), spread over it */
     const int32_t span = n_vocab < 32000 ? n_vocab : 32000;
-    for (int32_t i = 0; i < N_BLOCKS; i++)
-        c->table[i] = table[i];
-    for (int32_t t = 0; t < PREFILL + DECODE; t++) {
-        c->tokens[t] = (int32_t)(((int64_t)t * 7919 + 11) % span);
-        c->pos[t] = t;
-        c->seq[t] = 0;
-        c->slot[t] = c->table[t / BLOCK] * BLOCK + t % BLOCK;
+    c->n_seqs = n_seqs;
+    memcpy(c->table, table, sizeof table);
+    for (int32_t t = 0; t < LEN_MAX; t++) {
+        c->ids[0][t] = (int32_t)(((int64_t)t * 7919 + 11) % span);
+        c->ids[1][t] = (int32_t)(((int64_t)t * 104729 + 5) % span);
     }
+    c->step = (struct cllm_step){.tokens = c->tokens,
+                                 .pos = c->pos,
+                                 .seq = c->seq,
+                                 .slot = c->slot,
+                                 .block_table = &c->table[0][0],
+                                 .n_seqs = n_seqs,
+                                 .max_blocks = MAX_BLOCKS,
+                                 .outputs = c->outputs};
 }
 
-/* Tokens [t0, t1) as one step of each model, compared on its last token's logits. */
-static enum cllm_status compare_step(struct cllm_model *m[2], struct check_run *c, int32_t t0,
-                                     int32_t t1, struct cllm_agreement *r, bool *a_failed,
-                                     char *err, size_t err_len)
+static void step_clear(struct check_run *c)
 {
-    const int32_t n_vocab = cllm_model_hparams(m[0])->n_vocab, last = t1 - t0 - 1;
-    struct cllm_step st = {.n_tokens = t1 - t0,
-                           .tokens = c->tokens + t0,
-                           .pos = c->pos + t0,
-                           .seq = c->seq + t0,
-                           .slot = c->slot + t0,
-                           .block_table = c->table,
-                           .n_seqs = 1,
-                           .max_blocks = N_BLOCKS,
-                           .n_outputs = 1,
-                           .outputs = &last};
+    c->step.n_tokens = c->step.n_outputs = 0;
+}
+
+/* Positions [t0, t1) of sequence q join the step; its last one is an output. */
+static void step_add(struct check_run *c, int32_t q, int32_t t0, int32_t t1)
+{
+    for (int32_t t = t0; t < t1; t++) {
+        int32_t i = c->step.n_tokens++;
+        c->tokens[i] = c->ids[q][t];
+        c->pos[i] = t;
+        c->seq[i] = q;
+        c->slot[i] = c->table[q][t / BLOCK] * BLOCK + t % BLOCK;
+    }
+    c->outputs[c->step.n_outputs++] = c->step.n_tokens - 1;
+}
+
+/* The step as built, through both models, compared output by output. */
+static enum cllm_status compare_step(struct cllm_model *m[2], struct check_run *c,
+                                     struct cllm_agreement *r, bool *a_failed, char *err,
+                                     size_t err_len)
+{
+    const int32_t n_vocab = cllm_model_hparams(m[0])->n_vocab;
     const float *logits[2];
     for (int i = 0; i < 2; i++) {
-        enum cllm_status s = cllm_model_forward(m[i], &c->kv[i], &st, &logits[i]);
+        enum cllm_status s = cllm_model_forward(m[i], &c->kv[i], &c->step, &logits[i]);
         if (s) {
             *a_failed = i == 0;
-            return cllm_fail(err, err_len, s, "%s model: forward of tokens %d..%d failed: %s",
-                             i == 0 ? "the checked" : "the reference", (int)t0, (int)t1 - 1,
+            return cllm_fail(err, err_len, s, "%s model: forward of a %d-token step failed: %s",
+                             i == 0 ? "the checked" : "the reference", (int)c->step.n_tokens,
                              cllm_status_str(s));
         }
     }
-    const float e = cllm_logit_row_error(logits[0], logits[1], n_vocab);
-    if (!(e <= r->worst)) { /* also takes the first row, and +inf */
-        r->worst = e;
-        r->worst_row = r->rows;
+    for (int32_t o = 0; o < c->step.n_outputs; o++) {
+        const float *la = logits[0] + (int64_t)o * n_vocab, *lb = logits[1] + (int64_t)o * n_vocab;
+        const float e = cllm_logit_row_error(la, lb, n_vocab);
+        if (!(e <= r->worst)) { /* also takes the first row, and +inf */
+            r->worst = e;
+            r->worst_row = r->rows;
+        }
+        r->top1_same += argmax(la, n_vocab) == argmax(lb, n_vocab);
+        r->rows++;
     }
-    r->top1_same += argmax(logits[0], n_vocab) == argmax(logits[1], n_vocab);
-    r->rows++;
     return CLLM_OK;
 }
 
-/* Draws from a's logits of the step [t, t + 1) with a's sampler (the step runs again: its
- * cache slot gets the same values): greedy must give a's argmax, top-k a token among a's k
- * best. */
+/* Draws from a's logits of the step as built (it runs again: its cache slots get the same
+ * values) with a's sampler: greedy must give a's argmax, top-k a token among a's k best. With
+ * one output the step runs once per kind of draw; with two, output 0 is drawn greedily and
+ * output 1 with top-k in one step. */
 #define DRAW_TOP_K 20
-static enum cllm_status check_draws(struct cllm_model *a, struct check_run *c, int32_t t,
+static enum cllm_status check_draws(struct cllm_model *a, struct check_run *c,
                                     struct cllm_agreement *r, char *err, size_t err_len)
 {
-    const int32_t n_vocab = cllm_model_hparams(a)->n_vocab, last = 0;
-    struct cllm_step st = {.n_tokens = 1,
-                           .tokens = c->tokens + t,
-                           .pos = c->pos + t,
-                           .seq = c->seq + t,
-                           .slot = c->slot + t,
-                           .block_table = c->table,
-                           .n_seqs = 1,
-                           .max_blocks = N_BLOCKS,
-                           .n_outputs = 1,
-                           .outputs = &last};
+    const int32_t n_vocab = cllm_model_hparams(a)->n_vocab, n_out = c->step.n_outputs;
     const float *logits;
-    float *row = malloc((size_t)n_vocab * sizeof *row);
-    if (!row)
+    float *want = malloc((size_t)n_out * (size_t)n_vocab * sizeof *want);
+    if (!want)
         return cllm_fail(err, err_len, CLLM_ERR_NOMEM, "out of memory");
-    enum cllm_status s = cllm_model_forward(a, &c->kv[0], &st, &logits);
+    enum cllm_status s = cllm_model_forward(a, &c->kv[0], &c->step, &logits);
     if (!s)
-        memcpy(row, logits, (size_t)n_vocab * sizeof *row);
-    const struct cllm_sample_row rows[2] = {
-        {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 1, .counter = 0},
-        {.temperature = 1.0f,
-         .top_k = DRAW_TOP_K,
-         .top_p = 1.0f,
-         .min_p = 0.0f,
-         .seed = 7,
-         .counter = 3}};
-    for (int i = 0; i < 2 && !s; i++) {
-        int32_t token = -1;
-        s = cllm_model_forward_sample(a, &c->kv[0], &st, &rows[i], &token, &logits);
-        if (s)
+        memcpy(want, logits, (size_t)n_out * (size_t)n_vocab * sizeof *want);
+    const struct cllm_sample_row kinds[2] = {
+        {.temperature = 0.0f, .top_p = 1.0f, .seed = 1},
+        {.temperature = 1.0f, .top_k = DRAW_TOP_K, .top_p = 1.0f, .seed = 7, .counter = 3}};
+    for (int pass = 0; pass < (n_out == 1 ? 2 : 1) && !s; pass++) {
+        struct cllm_sample_row rows[2];
+        int32_t tokens[2] = {-1, -1}, kind[2];
+        for (int32_t o = 0; o < n_out; o++)
+            rows[o] = kinds[kind[o] = n_out == 1 ? pass : o];
+        if ((s = cllm_model_forward_sample(a, &c->kv[0], &c->step, rows, tokens, &logits)))
             break;
-        int32_t above = 0; /* logits greater than the drawn one's */
-        if (token >= 0 && token < n_vocab)
-            for (int32_t v = 0; v < n_vocab; v++)
-                above += row[v] > row[token];
-        const bool ok = token >= 0 && token < n_vocab &&
-                        (i == 0 ? token == argmax(row, n_vocab) : above < DRAW_TOP_K);
-        r->draws++;
-        r->bad_draws += !ok;
+        for (int32_t o = 0; o < n_out; o++) {
+            const float *row = want + (int64_t)o * n_vocab;
+            const int32_t t = tokens[o];
+            int32_t above = 0; /* logits greater than the drawn one's */
+            if (t >= 0 && t < n_vocab)
+                for (int32_t v = 0; v < n_vocab; v++)
+                    above += row[v] > row[t];
+            const bool ok = t >= 0 && t < n_vocab &&
+                            (kind[o] == 0 ? t == argmax(row, n_vocab) : above < DRAW_TOP_K);
+            r->draws++;
+            r->bad_draws += !ok;
+        }
     }
-    free(row);
+    free(want);
     if (s)
         cllm_fail(err, err_len, s, "the checked model: drawing a token failed: %s",
                   cllm_status_str(s));
     return s;
 }
 
-enum cllm_status cllm_models_compare(struct cllm_model *a, struct cllm_model *b,
+enum cllm_status cllm_models_compare(struct cllm_model *a, struct cllm_model *b, int32_t max_seqs,
                                      struct cllm_agreement *r, bool *a_failed, char *err,
                                      size_t err_len)
 {
@@ -161,34 +179,51 @@ enum cllm_status cllm_models_compare(struct cllm_model *a, struct cllm_model *b,
     *a_failed = false;
     if (cllm_model_hparams(a)->n_vocab != cllm_model_hparams(b)->n_vocab)
         return cllm_fail(err, err_len, CLLM_ERR_INVALID_ARG, "the models' vocabularies differ");
-    struct check_run c = {0};
+    int32_t chunk = cllm_model_max_tokens(a);
+    if (cllm_model_max_tokens(b) < chunk)
+        chunk = cllm_model_max_tokens(b);
+    struct check_run *c = calloc(1, sizeof *c);
+    if (!c)
+        return cllm_fail(err, err_len, CLLM_ERR_NOMEM, "out of memory");
     struct cllm_model *m[2] = {a, b};
-    layout(&c, cllm_model_hparams(a)->n_vocab);
+    layout(c, cllm_model_hparams(a)->n_vocab, max_seqs >= 2 && chunk >= BOTH_STEP ? 2 : 1);
     enum cllm_status st = CLLM_OK;
     int n_kv = 0;
-    for (; n_kv < 2 && st == CLLM_OK; n_kv++) {
-        st = cllm_kv_cache_init(&c.kv[n_kv], m[n_kv], N_BLOCKS, BLOCK, err, err_len);
+    for (; n_kv < 2; n_kv++) {
+        st = cllm_kv_cache_init(&c->kv[n_kv], m[n_kv], 2 * MAX_BLOCKS - 1, BLOCK, err, err_len);
         if (st) {
             *a_failed = n_kv == 0;
             break;
         }
     }
-    int32_t chunk = cllm_model_max_tokens(a);
-    if (cllm_model_max_tokens(b) < chunk)
-        chunk = cllm_model_max_tokens(b);
-    for (int32_t t0 = 0; st == CLLM_OK && t0 < PREFILL; t0 += chunk)
-        st = compare_step(m, &c, t0, t0 + chunk < PREFILL ? t0 + chunk : PREFILL, r, a_failed, err,
-                          err_len);
-    for (int32_t t = PREFILL; st == CLLM_OK && t < PREFILL + DECODE; t++)
-        st = compare_step(m, &c, t, t + 1, r, a_failed, err, err_len);
-    if (st == CLLM_OK && (st = check_draws(a, &c, PREFILL + DECODE - 1, r, err, err_len)))
+    if (c->n_seqs == 2) { /* both prompts in one step */
+        step_clear(c);
+        step_add(c, 0, 0, PREFILL0);
+        step_add(c, 1, 0, PREFILL1);
+        if (!st)
+            st = compare_step(m, c, r, a_failed, err, err_len);
+    }
+    for (int32_t t0 = 0; c->n_seqs == 1 && !st && t0 < PREFILL0; t0 += chunk) {
+        step_clear(c);
+        step_add(c, 0, t0, t0 + chunk < PREFILL0 ? t0 + chunk : PREFILL0);
+        st = compare_step(m, c, r, a_failed, err, err_len);
+    }
+    for (int32_t d = 0; !st && d < DECODE; d++) {
+        step_clear(c);
+        step_add(c, 0, PREFILL0 + d, PREFILL0 + d + 1);
+        if (c->n_seqs == 2)
+            step_add(c, 1, PREFILL1 + d, PREFILL1 + d + 1);
+        st = compare_step(m, c, r, a_failed, err, err_len);
+    }
+    if (!st && (st = check_draws(a, c, r, err, err_len))) /* the last decode step */
         *a_failed = true;
     for (int i = 0; i < n_kv; i++)
-        cllm_kv_cache_free(&c.kv[i], m[i]);
+        cllm_kv_cache_free(&c->kv[i], m[i]);
+    free(c);
     return st;
 }
 
-enum cllm_status cllm_device_check(struct cllm_model *dev, const char *dev_name,
+enum cllm_status cllm_device_check(struct cllm_model *dev, const char *dev_name, int32_t max_seqs,
                                    const struct cllm_model_files *mf, int32_t n_threads,
                                    struct cllm_agreement *r, char *err, size_t err_len)
 {
@@ -197,9 +232,10 @@ enum cllm_status cllm_device_check(struct cllm_model *dev, const char *dev_name,
     struct cllm_backend_options o = {CLLM_BACKEND_CPU, n_threads, 0};
     enum cllm_status st = cllm_backend_new(&cpu, &o, err, err_len);
     if (!st)
-        st = cllm_model_init(&ref, mf, cpu, PREFILL, 1, err, err_len);
+        st = cllm_model_init(&ref, mf, cpu, BOTH_STEP, 2, err, err_len);
     bool dev_failed = false;
-    if (!st && (st = cllm_models_compare(dev, ref, r, &dev_failed, err, err_len)) && dev_failed)
+    if (!st && (st = cllm_models_compare(dev, ref, max_seqs, r, &dev_failed, err, err_len)) &&
+        dev_failed)
         st = CLLM_ERR_DEVICE; /* err says what failed */
     if (!st) {
         const float pct = 100.0f * r->worst;
@@ -218,8 +254,9 @@ enum cllm_status cllm_device_check(struct cllm_model *dev, const char *dev_name,
         } else {
             st = cllm_fail(err, err_len, CLLM_ERR_DEVICE,
                            "device check: the %s backend's logits differ from the CPU's by %.3g%% "
-                           "of a row's range in row %d of %d (rows: the prefill's, then one per "
-                           "decode step; bound %.0f%%; the same top token in %d of %d rows)",
+                           "of a row's range in row %d of %d (rows: the prefill's, then the decode "
+                           "steps', each in sequence order; bound %.0f%%; the same top token in "
+                           "%d of %d rows)",
                            dev_name, pct, (int)r->worst_row, (int)r->rows,
                            100.0f * CLLM_DEVICE_CHECK_BOUND, (int)r->top1_same, (int)r->rows);
         }

@@ -6,10 +6,10 @@
  * wider than the kernels assume, a BLAS that is wrong for some shapes); a user would get
  * well-formed nonsense for every answer. So the engine runs a short sequence through both the
  * device's model and a CPU model of the same files (which borrows the mapped weights, so it
- * costs a forward pass, not a second copy) and compares every output row: a prefill of more
- * than 32 tokens (the GEMMs' tiled path, prefill attention over three KV blocks), then two
- * decode steps (the skinny GEMMs, the fused epilogues, decode attention), then draws from the
- * last step's logits with the device's sampler.
+ * costs a forward pass, not a second copy) and compares every output row: two sequences'
+ * prompts in one step of 64 tokens (the GEMMs' tiled path, prefill attention over up to three
+ * KV blocks each), then two decode steps of both (the skinny GEMMs, the fused epilogues,
+ * decode attention), then draws from the last step's logits with the device's sampler.
  *
  * The bound: a row agrees when no logit differs from the CPU's by more than
  * CLLM_DEVICE_CHECK_BOUND of the row's range (max - min of the CPU's row) and every logit is
@@ -45,21 +45,24 @@ struct cllm_agreement {
  * a holds a NaN or infinity, or b's range is zero while a differs. */
 float cllm_logit_row_error(const float *a, const float *b, int32_t n);
 
-/* Runs the check sequence through a and b (each with a small KV cache of its own, allocated
+/* Runs the check sequences through a and b (each with a small KV cache of its own, allocated
  * and freed here) and compares their output rows; then draws tokens from a's last step with
- * a's own sampler (the device's, where it has one): greedy, and top-k at temperature 1. An
- * error of a's forward comes back as it is with *a_failed set (a device failure); any other
- * error leaves it clear. */
-enum cllm_status cllm_models_compare(struct cllm_model *a, struct cllm_model *b,
+ * a's own sampler (the device's, where it has one): greedy, and top-k at temperature 1. When
+ * both models take steps of 64 tokens and max_seqs (their max outputs) is at least 2, two
+ * sequences share every step (rows: 2 for the prefill, 2 per decode step); else one sequence
+ * runs alone, its prefill cut into steps the models take (rows: 1 per step). An error of a's
+ * forward comes back as it is with *a_failed set (a device failure); any other error leaves
+ * it clear. */
+enum cllm_status cllm_models_compare(struct cllm_model *a, struct cllm_model *b, int32_t max_seqs,
                                      struct cllm_agreement *r, bool *a_failed, char *err,
                                      size_t err_len);
 
-/* The engine's check of dev, a model of mf on a GPU backend, against a CPU model of mf with
- * n_threads threads (0 = physical cores). CLLM_OK when every row agrees (r filled, logged);
- * CLLM_ERR_DEVICE when a row does not or dev's forward fails (err says which and by how
- * much); another status when the check itself cannot run (the CPU model: out of memory).
- * Leaves dev's KV cache state as it found it (the check uses a cache of its own). */
-enum cllm_status cllm_device_check(struct cllm_model *dev, const char *dev_name,
+/* The engine's check of dev, a model of mf on a GPU backend whose steps hold up to max_seqs
+ * sequences, against a CPU model of mf with n_threads threads (0 = physical cores). CLLM_OK
+ * when every row and draw agrees (r filled, logged); CLLM_ERR_DEVICE when one does not or
+ * dev's forward fails (err says which and by how much); another status when the check itself
+ * cannot run (the CPU model: out of memory). dev's own KV cache is not touched. */
+enum cllm_status cllm_device_check(struct cllm_model *dev, const char *dev_name, int32_t max_seqs,
                                    const struct cllm_model_files *mf, int32_t n_threads,
                                    struct cllm_agreement *r, char *err, size_t err_len);
 

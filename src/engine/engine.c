@@ -718,7 +718,8 @@ static enum cllm_status load_model(struct cllm_engine *e, char *err, size_t err_
         return st;
     struct cllm_agreement r;
     char why[512] = "";
-    st = cllm_device_check(e->model, name, e->mf, cfg->n_threads, &r, why, sizeof why);
+    st = cllm_device_check(e->model, name, cfg->max_seqs, e->mf, cfg->n_threads, &r, why,
+                           sizeof why);
     if (st == CLLM_OK)
         return CLLM_OK;
     if (st != CLLM_ERR_DEVICE) {

@@ -2,8 +2,9 @@
  * The device check's arithmetic (engine/device_check.h) and its bound on the real small model:
  *   - a row's error as a share of the reference's range, and +inf where it must fail (a NaN or
  *     infinity from the device, a flat reference row the device does not match);
- *   - the same model on two CPU backends (1 and 2 threads) agrees exactly, and its draws
- *     (greedy, top-k) are what the rows allow;
+ *   - the same model on two CPU backends (1 and 2 threads) agrees exactly, with one sequence
+ *     whose prefill takes three steps and with two sequences sharing every step, and its
+ *     draws (greedy, top-k) are what the rows allow;
  *   - the quantized GGUF on the CPU (8-bit activations, the reference a GPU is checked against
  *     when it serves a GGUF) against the F32 HF folder made from it (exact arithmetic): within a
  *     third of the bound. A right GPU's own BF16 error is of the same size (README, Measured),
@@ -42,14 +43,15 @@ struct loaded {
     struct cllm_model *m;
 };
 
-static bool load(struct loaded *l, const char *path, int32_t threads, int32_t max_tokens)
+static bool load(struct loaded *l, const char *path, int32_t threads, int32_t max_tokens,
+                 int32_t max_outputs)
 {
     char err[512] = "";
     struct cllm_backend_options o = {CLLM_BACKEND_CPU, threads, 0};
     memset(l, 0, sizeof *l);
     bool ok = !cllm_model_files_open(&l->mf, path, err, sizeof err) &&
               !cllm_backend_new(&l->be, &o, err, sizeof err) &&
-              !cllm_model_init(&l->m, l->mf, l->be, max_tokens, 1, err, sizeof err);
+              !cllm_model_init(&l->m, l->mf, l->be, max_tokens, max_outputs, err, sizeof err);
     CHECKF(ok, "%s: %s", path, err);
     return ok;
 }
@@ -61,11 +63,12 @@ static void unload(struct loaded *l)
     cllm_model_files_free(l->mf);
 }
 
-static void compare(struct loaded *a, struct loaded *b, struct cllm_agreement *r, const char *what)
+static void compare(struct loaded *a, struct loaded *b, int32_t max_seqs, struct cllm_agreement *r,
+                    const char *what)
 {
     bool a_failed = true;
     char err[512] = "";
-    enum cllm_status st = cllm_models_compare(a->m, b->m, r, &a_failed, err, sizeof err);
+    enum cllm_status st = cllm_models_compare(a->m, b->m, max_seqs, r, &a_failed, err, sizeof err);
     CHECKF(st == CLLM_OK && !a_failed, "%s: %s", what, err);
     printf("%s: %d rows, worst error %.3f%% of a row's range (row %d), the same top token in "
            "%d\n",
@@ -74,24 +77,32 @@ static void compare(struct loaded *a, struct loaded *b, struct cllm_agreement *r
 
 static void test_models(void)
 {
-    struct loaded gguf1, gguf2, hf;
-    if (!load(&gguf1, test_env("CLLM_TEST_GGUF"), 1, 40) ||
-        !load(&gguf2, test_env("CLLM_TEST_GGUF"), 2, 16) ||
-        !load(&hf, test_env("CLLM_TEST_HF"), 2, 40))
+    struct loaded gguf1, gguf2, gguf3, hf;
+    if (!load(&gguf1, test_env("CLLM_TEST_GGUF"), 1, 64, 2) ||
+        !load(&gguf2, test_env("CLLM_TEST_GGUF"), 2, 16, 1) ||
+        !load(&gguf3, test_env("CLLM_TEST_GGUF"), 2, 64, 2) ||
+        !load(&hf, test_env("CLLM_TEST_HF"), 2, 64, 2))
         return;
     struct cllm_agreement r;
-    /* max_tokens 16 cuts the prefill into 16 + 16 + 8 tokens: three rows, then two decodes */
-    compare(&gguf1, &gguf2, &r, "GGUF, 1 thread vs 2");
+    /* One sequence: steps of 16 tokens cut its prefill into 16 + 16 + 8: three rows, then two
+     * decode steps. The CPU draws on the host as a device sampler would: greedy, then top-k. */
+    compare(&gguf1, &gguf2, 1, &r, "GGUF, 1 thread vs 2, one sequence");
     CHECKF(r.rows == 5 && r.worst == 0.0f && r.top1_same == 5, "rows %d, worst %g", (int)r.rows,
            r.worst);
-    /* the CPU draws on the host as a device sampler would: greedy, then top-k */
     CHECKF(r.draws == 2 && r.bad_draws == 0, "%d of %d draws wrong", (int)r.bad_draws,
            (int)r.draws);
-    compare(&gguf1, &hf, &r, "GGUF (8-bit activations) vs its F32 HF folder");
-    CHECKF(r.rows == 3 && r.worst <= CLLM_DEVICE_CHECK_BOUND / 3,
+    /* Two sequences in every step: 2 prefill rows, 2 per decode step, one greedy and one top-k
+     * draw in the last step. */
+    compare(&gguf1, &gguf3, 2, &r, "GGUF, 1 thread vs 2, two sequences");
+    CHECKF(r.rows == 6 && r.worst == 0.0f && r.top1_same == 6, "rows %d, worst %g", (int)r.rows,
+           r.worst);
+    CHECKF(r.draws == 2 && r.bad_draws == 0, "%d of %d draws wrong", (int)r.bad_draws,
+           (int)r.draws);
+    compare(&gguf1, &hf, 2, &r, "GGUF (8-bit activations) vs its F32 HF folder");
+    CHECKF(r.rows == 6 && r.worst <= CLLM_DEVICE_CHECK_BOUND / 3,
            "rows %d, worst %.3f%% of a row's range: the bound (%.0f%%) has too little room",
            (int)r.rows, 100.0 * r.worst, 100.0 * CLLM_DEVICE_CHECK_BOUND);
-    unload(&gguf1), unload(&gguf2), unload(&hf);
+    unload(&gguf1), unload(&gguf2), unload(&gguf3), unload(&hf);
 }
 
 int main(void)
