@@ -111,15 +111,22 @@ struct answer {
     struct cllm_buf text;
 };
 
+/* These tests' engine: steps of up to 64 tokens and 8 sequences, a context of 256. */
+static void small_config(struct cllm_engine_config *c, enum cllm_backend_kind kind,
+                         int64_t kv_bytes)
+{
+    cllm_engine_config_default(c);
+    c->backend = kind;
+    c->kv_bytes = kv_bytes;
+    c->max_batch_tokens = 64;
+    c->max_seqs = 8;
+    c->n_ctx = 256;
+}
+
 static struct cllm_engine *engine(int32_t run_ahead, int64_t kv_bytes)
 {
     struct cllm_engine_config c;
-    cllm_engine_config_default(&c);
-    c.backend = CLLM_BACKEND_CUDA;
-    c.kv_bytes = kv_bytes;
-    c.max_batch_tokens = 64;
-    c.max_seqs = 8;
-    c.n_ctx = 256;
+    small_config(&c, CLLM_BACKEND_CUDA, kv_bytes);
     c.run_ahead = run_ahead;
     char err[512] = "";
     struct cllm_engine *e = NULL;
@@ -254,13 +261,8 @@ static struct cllm_engine *checked_engine(enum cllm_backend_kind kind, bool no_c
                                           enum cllm_status want, char *err, size_t err_len)
 {
     struct cllm_engine_config c;
-    cllm_engine_config_default(&c);
-    c.backend = kind;
+    small_config(&c, kind, 1 << 20);
     c.no_device_check = no_check;
-    c.max_batch_tokens = 64;
-    c.max_seqs = 8;
-    c.n_ctx = 256;
-    c.kv_bytes = 1 << 20;
     struct cllm_engine *e = NULL;
     err[0] = 0;
     enum cllm_status st = cllm_engine_new(&e, mf, &c, err, err_len);

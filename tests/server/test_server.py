@@ -618,6 +618,15 @@ def test_auth_and_queue():
         check(rc == 0, f"second server exits 0 on SIGTERM: {rc}")
 
 
+def stop_fault_server(srv, trigger, what):
+    """Stops a server started with a fault file (CLLM_FAULT_FILE) and removes the file."""
+    rc = srv.stop()
+    check(rc == 0, f"{what} exits 0 on SIGTERM: {rc}")
+    if os.path.exists(trigger):
+        os.unlink(trigger)
+    os.rmdir(os.path.dirname(trigger))
+
+
 def test_lost_device():
     """The device stops answering for good (CLLM_FAULT_FILE, src/backend/fault.h, as after a
     CUDA illegal address): the request in flight gets an error, the health check turns 503 with
@@ -643,11 +652,7 @@ def test_lost_device():
         st, _, _ = request(port, "GET", "/metrics")
         check(st == 200, "metrics still answer")
     finally:
-        rc = srv.stop()
-        check(rc == 0, f"the server on a lost device exits 0 on SIGTERM: {rc}")
-        if os.path.exists(trigger):
-            os.unlink(trigger)
-        os.rmdir(os.path.dirname(trigger))
+        stop_fault_server(srv, trigger, "the server on a lost device")
 
 
 def test_lost_gpu_moves_to_cpu():
@@ -673,11 +678,7 @@ def test_lost_gpu_moves_to_cpu():
         st, _, j = post(port, "/predict", {"prompt": "hi", "max_tokens": 2})
         check(st == 200 and "response" in j, f"later requests are served: {st} {j}")
     finally:
-        rc = srv.stop()
-        check(rc == 0, f"the server that moved to the CPU exits 0 on SIGTERM: {rc}")
-        if os.path.exists(trigger):
-            os.unlink(trigger)
-        os.rmdir(os.path.dirname(trigger))
+        stop_fault_server(srv, trigger, "the server that moved to the CPU")
 
 
 def test_sigterm(srv):
