@@ -31,10 +31,20 @@ static bool lost(struct fault *f)
     return f->lost;
 }
 
+/* CLLM_FAULT_ONCE=1: the file fails one sync and is removed; the device works on. */
+static bool fails_once(struct fault *f)
+{
+    const char *once = getenv("CLLM_FAULT_ONCE");
+    if (!once || strcmp(once, "1") != 0 || unlink(f->trigger) != 0)
+        return false;
+    cllm_log(CLLM_LOG_ERROR, "fault: %s existed: one sync fails", f->trigger);
+    return true;
+}
+
 static enum cllm_status fault_sync(struct cllm_backend *be)
 {
     struct fault *f = fault_of(be);
-    return lost(f) ? CLLM_ERR_DEVICE : f->inner->iface->sync(be);
+    return fails_once(f) || lost(f) ? CLLM_ERR_DEVICE : f->inner->iface->sync(be);
 }
 
 static enum cllm_status fault_upload(struct cllm_backend *be, void *dst, const void *src, size_t n)

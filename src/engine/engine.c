@@ -361,11 +361,11 @@ static void keep_request(struct cllm_request **keep, int32_t *n, struct cllm_req
     keep[(*n)++] = r;
 }
 
-/* Under --device auto a lost GPU is not the end of the requests it held: the engine loads the
- * model on the CPU and goes on with every request, as if each had been preempted -- its known
- * tokens kept (those that launched steps drew and nobody saw are gone with the device), its
- * cache recomputed. Slower, but no answer is lost. Returns false, having changed nothing, if
- * the CPU model or its cache cannot be made. */
+/* Under --device auto a GPU that failed (lost, or a step that fails on it) is not the end of
+ * the requests it held: the engine loads the model on the CPU and goes on with every request,
+ * as if each had been preempted -- its known tokens kept (those that launched steps drew and
+ * nobody saw are dropped), its cache recomputed. Slower, but no answer is lost. Returns
+ * false, having changed nothing, if the CPU model or its cache cannot be made. */
 static bool move_to_cpu(struct cllm_engine *e, enum cllm_status rc)
 {
     const struct cllm_engine_config *cfg = &e->cfg;
@@ -429,8 +429,8 @@ static bool move_to_cpu(struct cllm_engine *e, enum cllm_status rc)
     cllm_kv_cache_free(&e->kv, old_model);
     cllm_model_free(old_model);
     cllm_log(CLLM_LOG_ERROR,
-             "engine: the %s device failed (%s): its %d requests go on on the CPU (recomputed "
-             "from their tokens so far), and so does everything from now on",
+             "engine: a step failed on the %s device (%s): its %d requests go on on the CPU "
+             "(recomputed from their tokens so far), and so does everything from now on",
              old_be->iface->name, cllm_status_str(rc), (int)n);
     cllm_backend_free(old_be);
     e->kv = kv;
@@ -449,11 +449,12 @@ static bool move_to_cpu(struct cllm_engine *e, enum cllm_status rc)
     return true;
 }
 
-/* A launch or a wait failed: the requests of every launched step and of the plan (if
- * `plan`) end with the error. If the device does not answer a sync either, the error sticks
- * (a CUDA illegal address, a lost GPU): under --device auto the engine goes on on the CPU
- * (move_to_cpu); otherwise nothing can run any more, so every request ends, new ones are
- * refused and the health check reports it, for the server to be restarted. */
+/* A launch or a wait failed. Under --device auto, after a device error on a GPU, the engine
+ * goes on on the CPU with every request (move_to_cpu). Otherwise the requests of every
+ * launched step and of the plan (if `plan`) end with the error; and if the device does not
+ * answer a sync either, the error sticks (a CUDA illegal address, a lost GPU): nothing can
+ * run any more, so every request ends, new ones are refused and the health check reports
+ * it, for the server to be restarted. */
 static void step_failed(struct cllm_engine *e, enum cllm_status rc, bool plan)
 {
     const struct cllm_plan *p = &e->sched.plan;
@@ -464,8 +465,10 @@ static void step_failed(struct cllm_engine *e, enum cllm_status rc, bool plan)
     if (e->draws)
         cllm_model_drop_launched(e->model);
     bool sticks = rc == CLLM_ERR_DEVICE && e->be->iface->sync(e->be) != CLLM_OK;
-    if (sticks && e->cfg.backend == CLLM_BACKEND_AUTO && strcmp(e->be->iface->name, "cpu") != 0 &&
-        move_to_cpu(e, rc))
+    /* Under --device auto a GPU that fails a step -- lost, or a kernel that fails on this
+     * batch -- is not given the next one: its requests go on on the CPU. */
+    if (rc == CLLM_ERR_DEVICE && e->cfg.backend == CLLM_BACKEND_AUTO &&
+        strcmp(e->be->iface->name, "cpu") != 0 && move_to_cpu(e, rc))
         return;
     if (plan)
         fail_entries(e, p->entries, p->n_entries, msg);

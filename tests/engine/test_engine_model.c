@@ -255,10 +255,11 @@ static void test_eos_run_ahead(const struct cllm_buf *alone)
     }
 }
 
-/* A device lost in the middle of a batch (CLLM_FAULT_FILE; the CPU backend passing for a GPU
- * by CLLM_FAULT_NAME) under --device auto: the engine moves to the CPU, and every request
- * still gets its whole answer, the same as alone -- without and with run-ahead (whose
- * placeholder tokens are lost with the device). */
+/* A device that fails in the middle of a batch (CLLM_FAULT_FILE; the CPU backend passing for
+ * a GPU by CLLM_FAULT_NAME) under --device auto: the engine moves to the CPU, and every
+ * request still gets its whole answer, the same as alone -- lost for good without and with
+ * run-ahead (whose placeholder tokens go with the device), and a step failing once
+ * (CLLM_FAULT_ONCE) with run-ahead. */
 static void test_device_lost(const struct cllm_buf *alone)
 {
     char dir[] = "/tmp/cllm-lost-XXXXXX", trigger[64];
@@ -269,12 +270,15 @@ static void test_device_lost(const struct cllm_buf *alone)
     snprintf(trigger, sizeof trigger, "%s/lost", dir);
     setenv("CLLM_FAULT_FILE", trigger, 1);
     setenv("CLLM_FAULT_NAME", "fake-gpu", 1);
-    for (int ra = 0; ra < 2; ra++) {
+    for (int mode = 0; mode < 3; mode++) {
+        const int ra = mode > 0;
+        if (mode == 2)
+            setenv("CLLM_FAULT_ONCE", "1", 1);
         struct cllm_engine *e = engine_modes(0, 256, 512, 0, ra ? 1 : -1, ra ? 1 : -1);
         if (!e)
             break;
-        CHECKF(!strcmp(cllm_engine_backend_name(e), "fake-gpu"), "run-ahead %d: starts on %s",
-               ra, cllm_engine_backend_name(e));
+        CHECKF(!strcmp(cllm_engine_backend_name(e), "fake-gpu"), "mode %d: starts on %s", mode,
+               cllm_engine_backend_name(e));
         struct cllm_request_params p;
         params(&p, GEN);
         struct cllm_request *reqs[4];
@@ -296,12 +300,12 @@ static void test_device_lost(const struct cllm_buf *alone)
             cllm_request_release(reqs[i]);
             CHECKF(outs[i].reason != CLLM_FINISH_ERROR && outs[i].text.len == alone[i].len &&
                        memcmp(outs[i].text.data, alone[i].data, alone[i].len) == 0,
-                   "run-ahead %d, question %d: after the device was lost: reason %d (%s), "
+                   "mode %d, question %d: after the device failed: reason %d (%s), "
                    "%zu bytes of %zu",
-                   ra, i, (int)outs[i].reason, outs[i].error, outs[i].text.len, alone[i].len);
+                   mode, i, (int)outs[i].reason, outs[i].error, outs[i].text.len, alone[i].len);
             cllm_buf_free(&outs[i].text);
         }
-        CHECKF(!strcmp(cllm_engine_backend_name(e), "cpu"), "run-ahead %d: ends on %s", ra,
+        CHECKF(!strcmp(cllm_engine_backend_name(e), "cpu"), "mode %d: ends on %s", mode,
                cllm_engine_backend_name(e));
         struct cllm_engine_stats st;
         wait_idle(e, &st);
@@ -311,6 +315,7 @@ static void test_device_lost(const struct cllm_buf *alone)
     }
     unsetenv("CLLM_FAULT_FILE");
     unsetenv("CLLM_FAULT_NAME");
+    unsetenv("CLLM_FAULT_ONCE");
     rmdir(dir);
 }
 
