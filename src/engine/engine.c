@@ -350,10 +350,12 @@ static void set_step_modes(struct cllm_engine *e)
     e->overlap = cfg->overlap > 0 || (cfg->overlap == 0 && cllm_model_samples_on_device(e->model));
 }
 
-/* r once more among the requests to carry over, unless it is there already or over. */
+/* r once more among the requests to carry over, unless it is there already or over: ended,
+ * or out of the scheduler with all its tokens known (an EOS waiting to be delivered; one at
+ * its length limit whose last token a launched step was to draw is carried over). */
 static void keep_request(struct cllm_request **keep, int32_t *n, struct cllm_request *r)
 {
-    if (r->ended)
+    if (r->ended || (r->state == CLLM_REQ_DONE && r->n_unseen == 0))
         return;
     for (int32_t i = 0; i < *n; i++)
         if (keep[i] == r)
