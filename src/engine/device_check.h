@@ -1,10 +1,10 @@
 /*
- * Before a GPU serves: its logits for a fixed token sequence against the CPU backend's.
+ * Before a GPU serves: its logits for fixed token sequences against the CPU backend's.
  *
  * A GPU backend is only as right as the vendor stack under it. A build for a platform this
  * project cannot test (MUSA) may compile and start and still compute garbage (a warp that is
  * wider than the kernels assume, a BLAS that is wrong for some shapes); a user would get
- * well-formed nonsense for every answer. So the engine runs a short sequence through both the
+ * well-formed nonsense for every answer. So the engine runs short sequences through both the
  * device's model and a CPU model of the same files (which borrows the mapped weights, so it
  * costs a forward pass, not a second copy) and compares every output row: two sequences'
  * prompts in one step of 64 tokens (the GEMMs' tiled path, prefill attention over up to three
@@ -29,7 +29,7 @@
 
 #define CLLM_DEVICE_CHECK_BOUND 0.1f
 
-/* How two models' logits compare over the check sequence (b is the reference). */
+/* How two models' logits compare over the check sequences (b is the reference). */
 struct cllm_agreement {
     int32_t rows;      /* logit rows compared */
     int32_t top1_same; /* rows whose argmax (lowest index on ties) is the same */
