@@ -16,7 +16,9 @@
  * finite. A right device differs by BF16 rounding of weights and activations (and, for a
  * quantized GGUF, by the CPU's 8-bit activations): about 1% of the range (README, Measured);
  * a wrong op, head, position or lane moves logits by tens of percent. A draw is right when a
- * greedy token is the device's own argmax and a top-k token is among its k best logits.
+ * greedy token is the device's own argmax and a top-k token is among its k best logits,
+ * within 1% of the row's range (the draw's step computes its logits once more, and a vendor
+ * BLAS need not repeat its bits).
  */
 #ifndef CLLM_ENGINE_DEVICE_CHECK_H
 #define CLLM_ENGINE_DEVICE_CHECK_H
@@ -38,7 +40,7 @@ struct cllm_agreement {
     int32_t worst_row; /* the row where it is */
     int32_t draws;     /* tokens a drew from its last step's logits (its sampler) ... */
     int32_t bad_draws; /* ... of which outside what the row allows: greedy not a's argmax,
-                          top-k not among a's k best */
+                          top-k not among a's k best (within 1% of the row's range) */
 };
 
 /* Error in a's row against the reference row b of n logits, as a share of b's range: +inf if
