@@ -9,8 +9,8 @@
  *     as on a GPU; the CPU draws the tokens as a device would): same answers and token counts,
  *     also when an EOS token or a stop string ends a request that the next step already
  *     computes, and under preemption;
- *   - a device lost mid-batch under --device auto: the engine moves to the CPU and every
- *     answer is still the same as alone (with and without run-ahead);
+ *   - a device that fails mid-batch under --device auto (lost, with and without run-ahead, or
+ *     once): the engine moves to the CPU and every answer is still the same as alone;
  *   - cancellation frees the request's KV blocks within a step;
  *   - prompts beyond the context window and a full queue are refused with clear errors.
  */
