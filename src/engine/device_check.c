@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "core/log.h"
 #include "core/status.h"
+#include "sampling/sampling.h"
 
 /* Sequence 0: a prefill of more than 32 tokens (the tiled GEMMs), then DECODE single tokens;
  * 3 KV blocks. Sequence 1, where the models' steps take both: a shorter prompt in the same
@@ -33,15 +34,6 @@ float cllm_logit_row_error(const float *a, const float *b, int32_t n)
     if (err == 0.0f)
         return 0.0f;
     return hi > lo ? err / (hi - lo) : INFINITY;
-}
-
-static int32_t argmax(const float *x, int32_t n)
-{
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
 }
 
 /* Both models' caches and the sequences' layout: blocks not in order in the pool and the
@@ -118,7 +110,7 @@ static enum cllm_status compare_step(struct cllm_model *m[2], struct check_run *
             r->worst = e;
             r->worst_row = r->rows;
         }
-        r->top1_same += argmax(la, n_vocab) == argmax(lb, n_vocab);
+        r->top1_same += cllm_argmax(la, n_vocab) == cllm_argmax(lb, n_vocab);
         r->rows++;
     }
     return CLLM_OK;

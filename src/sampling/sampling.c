@@ -234,8 +234,7 @@ static void apply_penalties(const struct cllm_sampler *s, float *logits)
     }
 }
 
-/* Index of the largest logit, the lowest index on ties; NaNs never win (0 if all are NaN). */
-static int32_t argmax(const float *l, int32_t n)
+int32_t cllm_argmax(const float *l, int32_t n)
 {
     int32_t i = 0;
     while (i < n && isnan(l[i]))
@@ -372,7 +371,7 @@ static enum cllm_status build_dist(struct cllm_sampler *s, float *logits, struct
     *d = (struct dist){.single = -1};
     apply_penalties(s, logits);
     if (s->p.temperature == 0.0f) {
-        d->single = argmax(logits, n);
+        d->single = cllm_argmax(logits, n);
         return CLLM_OK;
     }
     /* Temperature divides in float, as TemperatureLogitsWarper does on float32 scores. The

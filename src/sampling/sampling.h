@@ -54,6 +54,10 @@ int32_t cllm_sampler_sample(struct cllm_sampler *s, float *logits);
  * could not grow. */
 enum cllm_status cllm_sampler_accept(struct cllm_sampler *s, int32_t token);
 
+/* Index of the largest of n logits, the lowest index on ties (greedy's choice); NaNs never
+ * win (0 if all are NaN). */
+int32_t cllm_argmax(const float *l, int32_t n);
+
 /* The distribution sample() draws from, for tests and debugging: probs[n_vocab] gets each
  * token's final probability (0 for removed ones; 1 on the argmax when greedy). logits are
  * overwritten as in sample(); nothing is recorded and the RNG does not advance. */
