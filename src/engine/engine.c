@@ -325,6 +325,13 @@ static enum cllm_status init_model_on(struct cllm_engine *e, enum cllm_backend_k
     return st;
 }
 
+/* True when the model runs on a GPU: what the device check checks and what a failure moves
+ * away from (any backend but the CPU's). */
+static bool on_gpu(const struct cllm_engine *e)
+{
+    return strcmp(e->be->iface->name, "cpu") != 0;
+}
+
 /* Blocks of KV cache that kv_bytes buy on the current model (0: the CPU's default budget);
  * the callers see to the minimums. */
 static int64_t cache_blocks(const struct cllm_engine *e, int64_t kv_bytes)
@@ -469,8 +476,8 @@ static void step_failed(struct cllm_engine *e, enum cllm_status rc, bool plan)
     bool sticks = rc == CLLM_ERR_DEVICE && e->be->iface->sync(e->be) != CLLM_OK;
     /* Under --device auto a GPU that fails a step -- lost, or a kernel that fails on this
      * batch -- is not given the next one: its requests go on on the CPU. */
-    if (rc == CLLM_ERR_DEVICE && e->cfg.backend == CLLM_BACKEND_AUTO &&
-        strcmp(e->be->iface->name, "cpu") != 0 && move_to_cpu(e, rc))
+    if (rc == CLLM_ERR_DEVICE && e->cfg.backend == CLLM_BACKEND_AUTO && on_gpu(e) &&
+        move_to_cpu(e, rc))
         return;
     if (plan)
         fail_entries(e, p->entries, p->n_entries, msg);
@@ -718,9 +725,9 @@ static enum cllm_status load_model(struct cllm_engine *e, char *err, size_t err_
 {
     const struct cllm_engine_config *cfg = &e->cfg;
     enum cllm_status st = init_model_on(e, cfg->backend, err, err_len);
-    const char *name = e->be ? e->be->iface->name : "";
-    if (st || cfg->no_device_check || !strcmp(name, "cpu"))
+    if (st || cfg->no_device_check || !on_gpu(e))
         return st;
+    const char *name = e->be->iface->name;
     struct cllm_agreement r;
     char why[512] = "";
     st = cllm_device_check(e->model, name, cfg->max_seqs, e->mf, cfg->n_threads, &r, why,
