@@ -87,8 +87,9 @@ static void step_add(struct check_run *c, int32_t q, int32_t t0, int32_t t1)
     c->outputs[c->step.n_outputs++] = c->step.n_tokens - 1;
 }
 
-/* The step as built, through both models, compared output by output. */
-static enum cllm_status compare_step(struct cllm_model *m[2], struct check_run *c,
+/* The step as built, through both models, compared output by output; a's rows are copied to
+ * keep_a if given. */
+static enum cllm_status compare_step(struct cllm_model *m[2], struct check_run *c, float *keep_a,
                                      struct cllm_agreement *r, bool *a_failed, char *err,
                                      size_t err_len)
 {
@@ -113,28 +114,26 @@ static enum cllm_status compare_step(struct cllm_model *m[2], struct check_run *
         r->top1_same += cllm_argmax(la, n_vocab) == cllm_argmax(lb, n_vocab);
         r->rows++;
     }
+    if (keep_a)
+        memcpy(keep_a, logits[0], (size_t)c->step.n_outputs * (size_t)n_vocab * sizeof *keep_a);
     return CLLM_OK;
 }
 
-/* Draws from a's logits of the step as built (it runs again: its cache slots get the same
- * values) with a's sampler: greedy must give a's argmax, top-k a token among a's k best --
- * both within DRAW_SLACK of the row's range, as the step's logits are computed once more for
- * the draw and a vendor BLAS need not give the same bits twice (a near-tie may then go the
- * other way; a broken sampler misses by far more). With one output the step runs once per
- * kind of draw; with two, output 0 is drawn greedily and output 1 with top-k in one step. */
+/* Draws from the step as built -- the one just compared, whose logits from a are want -- with
+ * a's sampler (the step runs again: its cache slots get the same values): greedy must give
+ * a's argmax, top-k a token among a's k best -- both within DRAW_SLACK of the row's range, as
+ * the draw computes the step's logits once more and a vendor BLAS need not give the same bits
+ * twice (a near-tie may then go the other way; a broken sampler misses by far more). With one
+ * output the step runs once per kind of draw; with two, output 0 is drawn greedily and output
+ * 1 with top-k in one step. */
 #define DRAW_TOP_K 20
 #define DRAW_SLACK 0.01f
-static enum cllm_status check_draws(struct cllm_model *a, struct check_run *c,
+static enum cllm_status check_draws(struct cllm_model *a, struct check_run *c, const float *want,
                                     struct cllm_agreement *r, char *err, size_t err_len)
 {
     const int32_t n_vocab = cllm_model_hparams(a)->n_vocab, n_out = c->step.n_outputs;
     const float *logits;
-    float *want = malloc((size_t)n_out * (size_t)n_vocab * sizeof *want);
-    if (!want)
-        return cllm_fail(err, err_len, CLLM_ERR_NOMEM, "out of memory");
-    enum cllm_status s = cllm_model_forward(a, &c->kv[0], &c->step, &logits);
-    if (!s)
-        memcpy(want, logits, (size_t)n_out * (size_t)n_vocab * sizeof *want);
+    enum cllm_status s = CLLM_OK;
     const struct cllm_sample_row kinds[2] = {
         {.temperature = 0.0f, .top_p = 1.0f, .seed = 1},
         {.temperature = 1.0f, .top_k = DRAW_TOP_K, .top_p = 1.0f, .seed = 7, .counter = 3}};
@@ -156,13 +155,12 @@ static enum cllm_status check_draws(struct cllm_model *a, struct check_run *c,
             if (t >= 0 && t < n_vocab)
                 for (int32_t v = 0; v < n_vocab; v++)
                     above += row[v] > row[t] + slack;
-            const bool ok = t >= 0 && t < n_vocab &&
-                            (kind[o] == 0 ? above == 0 : above < DRAW_TOP_K);
+            const bool ok =
+                t >= 0 && t < n_vocab && (kind[o] == 0 ? above == 0 : above < DRAW_TOP_K);
             r->draws++;
             r->bad_draws += !ok;
         }
     }
-    free(want);
     if (s)
         cllm_fail(err, err_len, s, "the checked model: drawing a token failed: %s",
                   cllm_status_str(s));
@@ -182,8 +180,11 @@ enum cllm_status cllm_models_compare(struct cllm_model *a, struct cllm_model *b,
     if (cllm_model_max_tokens(b) < chunk)
         chunk = cllm_model_max_tokens(b);
     struct check_run *c = calloc(1, sizeof *c);
-    if (!c)
+    float *last_a = malloc(2 * (size_t)cllm_model_hparams(a)->n_vocab * sizeof *last_a);
+    if (!c || !last_a) {
+        free(c), free(last_a);
         return cllm_fail(err, err_len, CLLM_ERR_NOMEM, "out of memory");
+    }
     struct cllm_model *m[2] = {a, b};
     layout(c, cllm_model_hparams(a)->n_vocab, max_seqs >= 2 && chunk >= BOTH_STEP ? 2 : 1);
     enum cllm_status st = CLLM_OK;
@@ -200,25 +201,26 @@ enum cllm_status cllm_models_compare(struct cllm_model *a, struct cllm_model *b,
         step_add(c, 0, 0, PREFILL0);
         step_add(c, 1, 0, PREFILL1);
         if (!st)
-            st = compare_step(m, c, r, a_failed, err, err_len);
+            st = compare_step(m, c, NULL, r, a_failed, err, err_len);
     }
     for (int32_t t0 = 0; c->n_seqs == 1 && !st && t0 < PREFILL0; t0 += chunk) {
         step_clear(c);
         step_add(c, 0, t0, t0 + chunk < PREFILL0 ? t0 + chunk : PREFILL0);
-        st = compare_step(m, c, r, a_failed, err, err_len);
+        st = compare_step(m, c, NULL, r, a_failed, err, err_len);
     }
     for (int32_t d = 0; !st && d < DECODE; d++) {
         step_clear(c);
         step_add(c, 0, PREFILL0 + d, PREFILL0 + d + 1);
         if (c->n_seqs == 2)
             step_add(c, 1, PREFILL1 + d, PREFILL1 + d + 1);
-        st = compare_step(m, c, r, a_failed, err, err_len);
+        st = compare_step(m, c, d == DECODE - 1 ? last_a : NULL, r, a_failed, err, err_len);
     }
-    if (!st && (st = check_draws(a, c, r, err, err_len))) /* the last decode step */
+    if (!st && (st = check_draws(a, c, last_a, r, err, err_len))) /* the last decode step */
         *a_failed = true;
     for (int i = 0; i < n_kv; i++)
         cllm_kv_cache_free(&c->kv[i], m[i]);
     free(c);
+    free(last_a);
     return st;
 }
 
