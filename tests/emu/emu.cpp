@@ -53,7 +53,8 @@ static std::function<void()> *body_fn;
 static unsigned nthreads;
 static uint64_t progress;
 static std::vector<unsigned char> dyn;
-static size_t dyn_max = 48 * 1024;
+static const int SMEM_DEFAULT = 48 * 1024; /* dynamic shared memory a launch gets unasked */
+static size_t dyn_max = SMEM_DEFAULT;
 static cudaError_t last_error = cudaSuccess;
 static std::mt19937_64 rng(12345);
 
@@ -293,7 +294,7 @@ cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int)
 cudaError_t emu_func_set_attribute(const void *, enum cudaFuncAttribute a, int v)
 {
     int optin;
-    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0) != cudaSuccess) optin = 48 * 1024;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0) != cudaSuccess) optin = SMEM_DEFAULT;
     if (a != cudaFuncAttributeMaxDynamicSharedMemorySize || v < 0 || v > optin) return cudaErrorInvalidValue;
     dyn_max = (size_t)v;
     return cudaSuccess;
