@@ -4,7 +4,8 @@
  * with 1 and 2 threads, printing time per call, GFLOP/s and weight GB/s. Decode is also run
  * "cold", cycling through the same tensor of every layer (more bytes than the L3 cache), next to
  * this machine's plain memory-read bandwidth measured in the same run, its bound. Synthetic
- * F32/F16/BF16 weights cover the float paths. Times are medians of repeated calls.
+ * F32/F16/BF16 weights cover the float paths (also the 1.5B model's FFN shapes in BF16). Times
+ * are medians of repeated calls.
  * Usage: bench_matmul [model.gguf] [max_threads]
  */
 #include <stdint.h>
@@ -172,21 +173,35 @@ int main(int argc, char **argv)
                 cold[c][n_cold[c]++] = t;
         }
     }
-    /* Synthetic float weights: F32, F16, BF16 of the same values. */
-    struct cllm_tensor synth[3];
-    const int64_t sk = 896, sn = 4864;
-    void *sdata[3] = {malloc(4 * sk * sn), malloc(2 * sk * sn), malloc(2 * sk * sn)};
-    for (int64_t i = 0; i < sk * sn; i++) {
-        float v = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
-        uint16_t h = cllm_f32_to_f16(v), bf = cllm_f32_to_bf16(v);
-        memcpy((uint8_t *)sdata[0] + 4 * i, &v, 4);
-        memcpy((uint8_t *)sdata[1] + 2 * i, &h, 2);
-        memcpy((uint8_t *)sdata[2] + 2 * i, &bf, 2);
+    /* Synthetic float weights (HF checkpoints): the 0.5B model's ffn_up in F32, F16 and BF16 of
+     * the same values, and the 1.5B model's ffn_up and ffn_down in BF16 (LLaMA-Factory's). */
+    enum { N_SYNTH = 5 };
+    static const struct {
+        enum cllm_dtype type;
+        int64_t k, n;
+    } synth_shape[N_SYNTH] = {{CLLM_DTYPE_F32, 896, 4864},
+                              {CLLM_DTYPE_F16, 896, 4864},
+                              {CLLM_DTYPE_BF16, 896, 4864},
+                              {CLLM_DTYPE_BF16, 1536, 8960},
+                              {CLLM_DTYPE_BF16, 8960, 1536}};
+    struct cllm_tensor synth[N_SYNTH];
+    void *sdata[N_SYNTH];
+    for (int f = 0; f < N_SYNTH; f++) {
+        const enum cllm_dtype type = synth_shape[f].type;
+        const int64_t n = synth_shape[f].k * synth_shape[f].n;
+        const uint64_t esize = type == CLLM_DTYPE_F32 ? 4 : 2;
+        sdata[f] = malloc(esize * (uint64_t)n);
+        if (!sdata[f])
+            return 1;
+        for (int64_t i = 0; i < n; i++) {
+            const float v = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
+            const uint16_t h = type == CLLM_DTYPE_F16 ? cllm_f32_to_f16(v) : cllm_f32_to_bf16(v);
+            memcpy((uint8_t *)sdata[f] + esize * i, esize == 4 ? (const void *)&v : &h, esize);
+        }
+        synth[f] = (struct cllm_tensor){"synthetic", type, 2,
+                                        {synth_shape[f].k, synth_shape[f].n, 1, 1},
+                                        esize * (uint64_t)n, sdata[f]};
     }
-    static const enum cllm_dtype stypes[3] = {CLLM_DTYPE_F32, CLLM_DTYPE_F16, CLLM_DTYPE_BF16};
-    for (int f = 0; f < 3; f++)
-        synth[f] = (struct cllm_tensor){"synthetic", stypes[f], 2, {sk, sn, 1, 1},
-                                        (uint64_t)(f ? 2 : 4) * sk * sn, sdata[f]};
 
     /* Touch the weights once so page faults stay out of the timings. */
     volatile uint8_t sink = 0;
@@ -215,15 +230,14 @@ int main(int argc, char **argv)
         for (int p = 0; p < 2; p++)
             for (int i = 0; i < 2; i++)
                 bench_tensor(tp, "prefill", &hot[i], 1, prefill[p]);
-        /* float weights (HF checkpoints), shaped like the 0.5B model's ffn_up */
-        for (int f = 0; f < 3; f++) {
+        for (int f = 0; f < N_SYNTH; f++) {
             const struct cllm_tensor *t = &synth[f];
             bench_tensor(tp, "decode (synthetic)", &t, 1, 1);
             bench_tensor(tp, "prefill (synthetic)", &t, 1, 64);
         }
         cllm_threadpool_free(tp);
     }
-    for (int f = 0; f < 3; f++)
+    for (int f = 0; f < N_SYNTH; f++)
         free(sdata[f]);
     cllm_gguf_free(g);
     return 0;

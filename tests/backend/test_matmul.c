@@ -172,7 +172,7 @@ static void act_reference(enum cllm_dtype type, const float *x, int64_t nt, int6
 static int64_t block_of(enum cllm_dtype type)
 {
     enum cllm_act_kind kind = cllm_act_kind_of(type);
-    return kind == CLLM_ACT_F32 ? 16 : cllm_act_block(kind);
+    return kind == CLLM_ACT_F32 ? 8 : cllm_act_block(kind);
 }
 
 /* Worst normalized errors seen, per dtype, for the report. */
@@ -188,7 +188,7 @@ static double sum_err2[CLLM_DTYPE_COUNT], sum_ref2[CLLM_DTYPE_COUNT], sum_pred2[
  *    err by at most (m + 3) u sum |term|. A term is at most a few times its block's sum |w * xq|
  *    (the K-quant scale and minimum terms may partly cancel: we allow 4x), so
  *    |y - ref| <= (2 K / B + 8) * 2^-22 * sum |w * xq|. Float weights: the same form with
- *    B = 16 (K / 16 steps per lane, then a fixed tree).
+ *    B = 8 (K / 8 steps per lane, then a fixed tree).
  *  - against the unquantized activations, additionally sum |w| * |x - xq| <= sum |w| * d / 2:
  *    round-to-nearest moves each activation by at most half its block's step.
  */

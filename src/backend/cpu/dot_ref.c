@@ -276,55 +276,41 @@ static void load_float(enum cllm_dtype type, const uint8_t *w, int64_t i, int n,
 }
 
 /*
- * The float order (the AVX2 kernel's, with its FMAs as multiply-then-add): two 8-lane
- * accumulators A = lane[0..7], B = lane[8..15]; each 16-element step i adds w*x of elements
- * i..i+7 to A and i+8..i+15 to B; a final 8-element step (K % 16 >= 8) adds to A. Then
- * v = A + B, h[l] = v[l] + v[l+4], s = (h0 + h2) + (h1 + h3), and the last K % 8 products are
- * added to s one by one.
+ * The float order (the AVX2 kernels', with their FMAs as multiply-then-add): eight lanes; each
+ * 8-element step i adds w*x of element i + l to lane l; then h[l] = lane[l] + lane[l + 4],
+ * s = (h0 + h2) + (h1 + h3), and the last K % 8 products are added to s one by one. One
+ * accumulator per lane (not two) leaves the AVX2 kernels registers for several weight rows and
+ * tokens at once, which is what makes them fast.
  */
-static void dot_float(enum cllm_dtype type, const uint8_t *w, int64_t K,
-                      const struct cllm_act_view *a, int nt, float *y, int64_t ldy)
+static float dot_float(enum cllm_dtype type, const uint8_t *w, int64_t K, const float *x)
 {
-    float lane[TILE][16] = {{0}};
-    const float *x[TILE];
-    for (int t = 0; t < nt; t++)
-        x[t] = (const float *)(const void *)(a->base + (size_t)t * a->stride);
-    float wv[16];
+    float lane[8] = {0}, wv[8];
     int64_t i = 0;
-    for (; i + 16 <= K; i += 16) {
-        load_float(type, w, i, 16, wv);
-        for (int t = 0; t < nt; t++)
-            for (int l = 0; l < 16; l++)
-                lane[t][l] = lane[t][l] + wv[l] * x[t][i + l];
-    }
-    if (i + 8 <= K) {
+    for (; i + 8 <= K; i += 8) {
         load_float(type, w, i, 8, wv);
-        for (int t = 0; t < nt; t++)
-            for (int l = 0; l < 8; l++)
-                lane[t][l] = lane[t][l] + wv[l] * x[t][i + l];
-        i += 8;
-    }
-    const int64_t tail = i;
-    for (int t = 0; t < nt; t++) {
-        float v[8], h[4];
         for (int l = 0; l < 8; l++)
-            v[l] = lane[t][l] + lane[t][l + 8];
-        for (int l = 0; l < 4; l++)
-            h[l] = v[l] + v[l + 4];
-        float s = (h[0] + h[2]) + (h[1] + h[3]);
-        for (i = tail; i < K; i++) {
-            load_float(type, w, i, 1, wv);
-            s = s + wv[0] * x[t][i];
-        }
-        y[t * ldy] = s;
+            lane[l] = lane[l] + wv[l] * x[i + l];
     }
+    float h[4];
+    for (int l = 0; l < 4; l++)
+        h[l] = lane[l] + lane[l + 4];
+    float s = (h[0] + h[2]) + (h[1] + h[3]);
+    for (; i < K; i++) {
+        load_float(type, w, i, 1, wv);
+        s = s + wv[0] * x[i];
+    }
+    return s;
 }
 
 #define FLOAT_KERNEL(name, type)                                                                   \
-    static void name(const void *w, int64_t K, const struct cllm_act_view *a, int nt, float *y,   \
-                     int64_t ldy)                                                                  \
+    static void name(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,                   \
+                     const struct cllm_act_view *a, int nt, float *y, int64_t ldy)                 \
     {                                                                                              \
-        dot_float(type, w, K, a, nt, y, ldy);                                                      \
+        for (int t = 0; t < nt; t++) {                                                             \
+            const float *x = (const float *)(const void *)(a->base + (size_t)t * a->stride);      \
+            for (int64_t r = 0; r < nr; r++)                                                       \
+                y[t * ldy + r] = dot_float(type, w + (size_t)r * row_bytes, K, x);                 \
+        }                                                                                          \
     }
 FLOAT_KERNEL(dot_f32, CLLM_DTYPE_F32)
 FLOAT_KERNEL(dot_f16, CLLM_DTYPE_F16)
@@ -335,13 +321,13 @@ static const struct cllm_matmul_kernels scalar_kernels = {
     .quant = {[CLLM_ACT_Q8_0] = quant_q8_0, [CLLM_ACT_Q8_K] = quant_q8_k},
     .dot =
         {
-            [CLLM_DTYPE_F32] = dot_f32,   [CLLM_DTYPE_F16] = dot_f16,
-            [CLLM_DTYPE_BF16] = dot_bf16, [CLLM_DTYPE_Q8_0] = dot_q8_0,
+            [CLLM_DTYPE_Q8_0] = dot_q8_0,
             [CLLM_DTYPE_Q4_0] = dot_q4_0, [CLLM_DTYPE_Q4_1] = dot_q4_1,
             [CLLM_DTYPE_Q5_0] = dot_q5_0, [CLLM_DTYPE_Q5_1] = dot_q5_1,
             [CLLM_DTYPE_Q4_K] = dot_q4_k, [CLLM_DTYPE_Q5_K] = dot_q5_k,
             [CLLM_DTYPE_Q6_K] = dot_q6_k,
         },
+    .dot_rows = {[CLLM_DTYPE_F32] = dot_f32, [CLLM_DTYPE_F16] = dot_f16, [CLLM_DTYPE_BF16] = dot_bf16},
 };
 
 const struct cllm_matmul_kernels *cllm_matmul_kernels_scalar(void)

@@ -24,10 +24,13 @@
  * items costs nothing. Decode-sized calls (one tile) stream weights, so they take more. */
 #define ITEM_BYTES (16u << 10)
 #define DECODE_ITEM_BYTES (64u << 10)
-/* Float weights: their kernels hold four tokens in registers; four rows of f32 activations
- * plus a row chunk of FLOAT_ROW_CHUNK_BYTES stay in the 32 KiB L1 cache while rows pass. */
-#define FLOAT_TILE 4
-#define FLOAT_ROW_CHUNK_BYTES (8u << 10)
+/* Float weights: a kernel call takes a row chunk against a tile; the chunk (~144 KiB) stays in
+ * the L2 cache while the tiles pass, each tile's four-token passes in L1 or L2. Chunks and
+ * items are whole multiples of the kernels' row blocks (dot_avx2.c: 3 or 4 rows for several
+ * tokens, 8 for one), so only a matrix's last rows take the single-row path. */
+#define FLOAT_ROW_CHUNK_BYTES (144u << 10)
+#define FLOAT_ROW_MULTIPLE 12
+#define FLOAT_DECODE_ROW_MULTIPLE 8
 /* Activation blocks per quantization work item. */
 #define QUANT_ITEM_BLOCKS 16
 /* Below this many activations, quantizing on the caller beats waking the pool. */
@@ -82,7 +85,8 @@ size_t cllm_cpu_matmul_scratch_size(enum cllm_dtype wtype, int64_t K, int64_t n_
 }
 
 struct mm_job {
-    cllm_dot_fn dot;
+    cllm_dot_fn dot;            /* quantized weights: one row a call */
+    cllm_dot_rows_fn dot_rows;  /* float weights: a row chunk a call */
     cllm_quant_fn quant;
     const uint8_t *w;           /* [N][row_bytes] */
     size_t row_bytes;
@@ -102,7 +106,6 @@ struct mm_job {
     atomic_llong next_dot;      /* next (token chunk, row item) pair, token chunk major */
     int64_t row_item, row_items, dot_items;
     int64_t row_chunk, token_chunk;
-    int64_t tile;               /* tokens per kernel call: CLLM_MM_TILE, FLOAT_TILE for F32 */
 };
 
 static void quant_task(void *ctx, int ith, int nth)
@@ -132,11 +135,16 @@ static void dot_block(const struct mm_job *j, int64_t r0, int64_t r1, int64_t t0
 {
     for (int64_t rb = r0; rb < r1; rb += j->row_chunk) {
         const int64_t re = rb + j->row_chunk < r1 ? rb + j->row_chunk : r1;
-        for (int64_t tt = t0; tt < t1; tt += j->tile) {
-            const int nt = (int)(t1 - tt < j->tile ? t1 - tt : j->tile);
+        for (int64_t tt = t0; tt < t1; tt += CLLM_MM_TILE) {
+            const int nt = (int)(t1 - tt < CLLM_MM_TILE ? t1 - tt : CLLM_MM_TILE);
             struct cllm_act_view v = j->view;
             v.base += j->act ? (size_t)(tt / CLLM_MM_TILE) * j->tile_bytes : (size_t)tt * v.stride;
             float *y = j->y + tt * j->ldy;
+            if (j->dot_rows) {
+                j->dot_rows(j->w + (size_t)rb * j->row_bytes, j->row_bytes, re - rb, j->K, &v, nt,
+                            y + rb, j->ldy);
+                continue;
+            }
             for (int64_t r = rb; r < re; r++)
                 j->dot(j->w + (size_t)r * j->row_bytes, j->K, &v, nt, y + r, j->ldy);
         }
@@ -185,6 +193,7 @@ enum cllm_status cllm_cpu_matmul(struct cllm_threadpool *tp, const struct cllm_t
     const enum cllm_act_kind kind = cllm_act_kind_of(w->dtype);
     struct mm_job j = {
         .dot = k->dot[w->dtype],
+        .dot_rows = k->dot_rows[w->dtype],
         .quant = k->quant[kind],
         .w = w->data,
         .row_bytes = (size_t)row_bytes,
@@ -195,12 +204,10 @@ enum cllm_status cllm_cpu_matmul(struct cllm_threadpool *tp, const struct cllm_t
         .y = y,
         .ldy = ldy,
     };
-    if (!j.dot)
+    if (kind == CLLM_ACT_F32 ? !j.dot_rows : !j.dot)
         return CLLM_ERR_INVALID_ARG;
-    j.tile = CLLM_MM_TILE;
     if (kind == CLLM_ACT_F32) {
         j.view = (struct cllm_act_view){(const uint8_t *)x, (size_t)K * sizeof(float), 0, 0, 1};
-        j.tile = FLOAT_TILE;
     } else {
         const size_t need = cllm_cpu_matmul_scratch_size(w->dtype, K, n_tokens);
         if (!need || !scratch || scratch_size < need || !j.quant)
@@ -213,15 +220,27 @@ enum cllm_status cllm_cpu_matmul(struct cllm_threadpool *tp, const struct cllm_t
         j.B = cllm_act_block(kind);
         j.G = cllm_act_group(kind);
     }
-    j.row_chunk = (int64_t)((j.act ? ROW_CHUNK_BYTES : FLOAT_ROW_CHUNK_BYTES) / j.row_bytes);
-    if (j.row_chunk < 1)
-        j.row_chunk = 1;
     const size_t tile_bytes = j.act ? j.tile_bytes : CLLM_MM_TILE * j.view.stride;
     j.token_chunk = (int64_t)(TOKEN_CHUNK_BYTES / tile_bytes) * CLLM_MM_TILE;
     if (j.token_chunk < CLLM_MM_TILE)
         j.token_chunk = CLLM_MM_TILE;
-    j.row_item = (int64_t)((n_tokens <= CLLM_MM_TILE ? DECODE_ITEM_BYTES : ITEM_BYTES) /
-                           j.row_bytes);
+    if (j.act) {
+        j.row_chunk = (int64_t)(ROW_CHUNK_BYTES / j.row_bytes);
+        j.row_item = (int64_t)((n_tokens <= CLLM_MM_TILE ? DECODE_ITEM_BYTES : ITEM_BYTES) /
+                               j.row_bytes);
+    } else if (n_tokens <= CLLM_MM_TILE) { /* one tile: items of streamed rows, no chunking */
+        const int64_t m = n_tokens == 1 ? FLOAT_DECODE_ROW_MULTIPLE : FLOAT_ROW_MULTIPLE;
+        j.row_item = ((int64_t)(DECODE_ITEM_BYTES / j.row_bytes) + m - 1) / m * m;
+        j.row_chunk = j.row_item;
+    } else { /* an item is one chunk */
+        j.row_chunk = (int64_t)(FLOAT_ROW_CHUNK_BYTES / j.row_bytes) / FLOAT_ROW_MULTIPLE *
+                      FLOAT_ROW_MULTIPLE;
+        if (j.row_chunk < FLOAT_ROW_MULTIPLE)
+            j.row_chunk = FLOAT_ROW_MULTIPLE;
+        j.row_item = j.row_chunk;
+    }
+    if (j.row_chunk < 1)
+        j.row_chunk = 1;
     if (j.row_item < 1)
         j.row_item = 1;
     j.row_items = (N + j.row_item - 1) / j.row_item;

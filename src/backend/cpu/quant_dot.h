@@ -79,11 +79,20 @@ struct cllm_act_view {
  *     acc = acc + (dx[b] * dw) * (float)isum          (acc starts at 0.0f)
  * (plus acc = acc - (dx * dmin) * (float)msum for Q4_K/Q5_K, acc = acc + (dx * m) * (float)sx
  * for Q4_1/Q5_1), with no FMA contraction, so scalar and AVX2 kernels agree bit for bit.
- * Float weights: two 8-lane accumulators over 16-element steps (see dot_ref.c); the AVX2 kernel
- * uses FMA, the scalar one does not, so they agree to rounding.
  */
 typedef void (*cllm_dot_fn)(const void *w, int64_t K, const struct cllm_act_view *a, int nt,
                             float *y, int64_t ldy);
+
+/*
+ * Float weights (F32/F16/BF16) against f32 activations, a block at a time:
+ * y[t * ldy + r] = dot(weight row r, activation row t) for r < nr, t < nt (nt <= CLLM_MM_TILE),
+ * row r starting at w + r * row_bytes. Every output is computed in one order (dot_ref.c's
+ * dot_float: eight lanes over 8-element steps, a fixed tree, the tail in order) whatever nr, nt
+ * or its place in the block, so results do not depend on the batch. The AVX2 kernels use FMA,
+ * the scalar ones do not, so they agree to rounding.
+ */
+typedef void (*cllm_dot_rows_fn)(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
+                                 const struct cllm_act_view *a, int nt, float *y, int64_t ldy);
 
 /* Quantizes nb consecutive blocks of x (nb * B floats) into qs[nb * B] and, for block b,
  * d[b * step] and sums[b * step * (B / G) + g] (step as in struct cllm_act_tile). Scalar and
@@ -94,7 +103,8 @@ typedef void (*cllm_quant_fn)(const float *x, int64_t nb, int8_t *qs, float *d, 
 struct cllm_matmul_kernels {
     const char *isa;                 /* "scalar", "avx2" */
     cllm_quant_fn quant[3];          /* by enum cllm_act_kind; [CLLM_ACT_F32] unused */
-    cllm_dot_fn dot[CLLM_DTYPE_COUNT]; /* by weight dtype */
+    cllm_dot_fn dot[CLLM_DTYPE_COUNT]; /* by quantized weight dtype */
+    cllm_dot_rows_fn dot_rows[CLLM_DTYPE_COUNT]; /* by float weight dtype */
 };
 
 /* A tile's pointers: token rows (slots past nt alias slot 0 so SIMD code may read them), and
