@@ -327,7 +327,9 @@ static const struct cllm_matmul_kernels scalar_kernels = {
             [CLLM_DTYPE_Q4_K] = dot_q4_k, [CLLM_DTYPE_Q5_K] = dot_q5_k,
             [CLLM_DTYPE_Q6_K] = dot_q6_k,
         },
-    .dot_rows = {[CLLM_DTYPE_F32] = dot_f32, [CLLM_DTYPE_F16] = dot_f16, [CLLM_DTYPE_BF16] = dot_bf16},
+    .dot_rows = {[CLLM_DTYPE_F32] = dot_f32,
+                 [CLLM_DTYPE_F16] = dot_f16,
+                 [CLLM_DTYPE_BF16] = dot_bf16},
 };
 
 const struct cllm_matmul_kernels *cllm_matmul_kernels_scalar(void)

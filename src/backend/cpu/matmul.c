@@ -30,6 +30,8 @@
  * tokens, 8 for one), so only a matrix's last rows take the single-row path. */
 #define FLOAT_ROW_CHUNK_BYTES (144u << 10)
 #define FLOAT_ROW_MULTIPLE 12
+#define FLOAT_TOKEN_CHUNK 64 /* a multiple of CLLM_MM_TILE, and stays one when halved */
+#define ITEMS_PER_THREAD 4
 #define FLOAT_DECODE_ROW_MULTIPLE 8
 /* Activation blocks per quantization work item. */
 #define QUANT_ITEM_BLOCKS 16
@@ -244,6 +246,17 @@ enum cllm_status cllm_cpu_matmul(struct cllm_threadpool *tp, const struct cllm_t
     if (j.row_item < 1)
         j.row_item = 1;
     j.row_items = (N + j.row_item - 1) / j.row_item;
+    if (!j.act && j.token_chunk < FLOAT_TOKEN_CHUNK) {
+        /* A float item's rows are read from L2 once per four tokens, from memory once per item:
+         * long rows (K = 8960: a 12-row chunk, 8 tokens a chunk) re-read the weights from
+         * memory for every 8 tokens at 48 GFLOP/s; 64 tokens a chunk run at 70. Halved again
+         * while that leaves too few items to share among the threads. */
+        const int64_t want = ITEMS_PER_THREAD * (int64_t)(tp ? cllm_threadpool_n_threads(tp) : 1);
+        j.token_chunk = FLOAT_TOKEN_CHUNK;
+        while (j.token_chunk > CLLM_MM_TILE &&
+               (n_tokens + j.token_chunk - 1) / j.token_chunk * j.row_items < want)
+            j.token_chunk /= 2;
+    }
     j.dot_items = (n_tokens + j.token_chunk - 1) / j.token_chunk * j.row_items;
     atomic_init(&j.next_dot, 0);
 
