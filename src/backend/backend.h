@@ -181,6 +181,12 @@ struct cllm_backend_iface {
     enum cllm_status (*graph_end)(struct cllm_backend *be, uint64_t key);
     /* Waits for every op queued so far. */
     enum cllm_status (*sync)(struct cllm_backend *be);
+    /* Optional, both or neither (NULL: the caller works alone): host_run calls fn(ctx, ith,
+     * nth) for ith < nth = host_threads(be) on the backend's host threads (the caller's is
+     * ith 0) and waits. The CPU backend lends the pool its ops run on, idle between steps, so
+     * that the engine's host work (drawing tokens) is shared too. Not while an op runs. */
+    int32_t (*host_threads)(struct cllm_backend *be);
+    void (*host_run)(struct cllm_backend *be, void (*fn)(void *ctx, int ith, int nth), void *ctx);
 };
 
 struct cllm_backend {

@@ -20,16 +20,26 @@
 #include "engine/engine.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/threadpool.h"
 #include "core/alloc.h"
 #include "core/log.h"
 #include "core/status.h"
 #include "engine/device_check.h"
 #include "engine/scheduler.h"
 #include "model/model.h"
+
+/* A token to draw on the host: the sampler of its request, its row of the step's logits, and
+ * where the token goes (a negative value if the draw failed). */
+struct host_draw {
+    struct cllm_sampler *sampler;
+    int32_t row;
+    int32_t *token;
+};
 
 /* A step launched and not yet waited for. Each request of its plan is retained: it may leave
  * the scheduler (EOS, cancel) while the step runs. */
@@ -54,7 +64,10 @@ struct cllm_engine {
 
     /* step arrays, [max_batch_tokens] / [max_seqs][max_blocks_per_seq] */
     int32_t *tokens, *pos, *seq, *slot, *outputs, *table;
-    float *logits_copy;         /* one row of logits for the sampler to scribble on */
+    float *logits_copies;       /* [n_copies][n_vocab]: a row per host thread for samplers */
+    int32_t n_copies;
+    struct host_draw *host_draws; /* [max_seqs] a step's tokens to draw on the host */
+    struct cllm_threadpool *draw_pool; /* host threads for draws on a backend that lends none */
     struct launched flights[2]; /* launched steps, oldest first: flights[(head + i) % 2] */
     int32_t n_flights, flight_head;
     struct pending_token *pending; /* [max_seqs] tokens whose text is not delivered yet */
@@ -544,6 +557,66 @@ static bool launch_next(struct cllm_engine *e)
     return true;
 }
 
+struct host_draw_job {
+    const float *logits;
+    int32_t n_vocab;
+    float *copies; /* [nth][n_vocab] */
+    const struct host_draw *draws;
+    int32_t n;
+    atomic_int next;
+};
+
+static void host_draw_task(void *ctx, int ith, int nth)
+{
+    struct host_draw_job *j = ctx;
+    float *row = j->copies + (size_t)ith * (size_t)j->n_vocab;
+    (void)nth;
+    for (;;) {
+        const int k = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (k >= j->n)
+            return;
+        const struct host_draw *d = &j->draws[k];
+        memcpy(row, j->logits + (int64_t)d->row * j->n_vocab, (size_t)j->n_vocab * sizeof(float));
+        *d->token = cllm_sampler_sample(d->sampler, row);
+    }
+}
+
+/* Draws n tokens on several host threads: the backend's when it lends them (the CPU's pool,
+ * idle between steps), else the engine's own pool. A draw with Qwen's defaults (top-k 20,
+ * top-p 0.8, repetition penalty 1.1, which the GPU leaves to the host) over 151,936 logits
+ * takes ~0.5 ms, so 192 sequences cost 100 ms a step on the engine thread alone. Which thread
+ * draws a token changes nothing: every request has its own sampler and random stream. Without
+ * a row per thread (out of memory) the engine thread draws all. */
+static void draw_on_host(struct cllm_engine *e, const float *logits, const struct host_draw *draws,
+                         int32_t n)
+{
+    const struct cllm_backend_iface *bi = e->be->iface;
+    const bool lent = bi->host_run && bi->host_threads;
+    int32_t nth = n < 2                ? 1
+                  : lent               ? bi->host_threads(e->be)
+                  : e->draw_pool       ? cllm_threadpool_n_threads(e->draw_pool)
+                                       : 1;
+    if (nth > e->n_copies) {
+        float *grown = realloc(e->logits_copies, (size_t)nth * (size_t)e->n_vocab * sizeof(float));
+        if (grown) {
+            e->logits_copies = grown;
+            e->n_copies = nth;
+        } else {
+            nth = 1;
+        }
+    }
+    struct host_draw_job j = {.logits = logits,
+                              .n_vocab = e->n_vocab,
+                              .copies = e->logits_copies,
+                              .draws = draws,
+                              .n = n};
+    atomic_init(&j.next, 0);
+    if (nth > 1 && lent)
+        bi->host_run(e->be, host_draw_task, &j);
+    else
+        cllm_threadpool_run(nth > 1 ? e->draw_pool : NULL, host_draw_task, &j);
+}
+
 /* Waits for the oldest launched step and writes its tokens in; their text goes out later
  * (deliver_pending). */
 static void finish_oldest(struct cllm_engine *e)
@@ -557,6 +630,19 @@ static void finish_oldest(struct cllm_engine *e)
         step_failed(e, rc, false);
         return;
     }
+    /* The host's draws first, all together; the loop below takes their tokens in order. */
+    int32_t n_draws = 0;
+    for (int32_t j = 0, out = 0; j < f->n_entries; j++) {
+        const struct cllm_sched_entry *en = &f->entries[j];
+        if (!en->sample)
+            continue;
+        const int32_t i = out++, idx = f->tok_index[j];
+        if (!en->req->ended && idx >= 0 && idx < en->req->n_tokens &&
+            (!e->draws || f->sampled[i] < 0))
+            e->host_draws[n_draws++] = (struct host_draw){en->req->sampler, i, &f->sampled[i]};
+    }
+    if (n_draws)
+        draw_on_host(e, logits, e->host_draws, n_draws);
     int32_t n_prompt_tokens = 0, n_generated = 0;
     for (int32_t j = 0, out = 0; j < f->n_entries; j++) {
         const struct cllm_sched_entry *en = &f->entries[j];
@@ -570,14 +656,10 @@ static void finish_oldest(struct cllm_engine *e)
         /* ended (a stop string, a cancel) or dropped (an earlier token of it was EOS) */
         if (r->ended || idx < 0 || idx >= r->n_tokens)
             continue;
-        int32_t token = e->draws ? f->sampled[i] : -1;
+        const int32_t token = f->sampled[i];
         if (token < 0) {
-            memcpy(e->logits_copy, logits + (int64_t)i * e->n_vocab,
-                   (size_t)e->n_vocab * sizeof(float));
-            if ((token = cllm_sampler_sample(r->sampler, e->logits_copy)) < 0) {
-                finish(e, r, CLLM_FINISH_ERROR, "out of memory while sampling");
-                continue;
-            }
+            finish(e, r, CLLM_FINISH_ERROR, "out of memory while sampling");
+            continue;
         }
         r->tokens[idx] = token;
         r->n_unseen--;
@@ -707,7 +789,9 @@ static void release(struct cllm_engine *e)
     cllm_model_free(e->model);
     cllm_backend_free(e->be);
     free(e->tokens), free(e->pos), free(e->seq), free(e->slot), free(e->outputs), free(e->table);
-    free(e->logits_copy);
+    free(e->logits_copies);
+    free(e->host_draws);
+    cllm_threadpool_free(e->draw_pool);
     for (int i = 0; i < 2; i++) {
         struct launched *f = &e->flights[i];
         free(f->entries), free(f->tok_index), free(f->rows), free(f->sampled);
@@ -812,7 +896,9 @@ enum cllm_status cllm_engine_new(struct cllm_engine **out, const struct cllm_mod
     e->outputs = cllm_malloc_array(T, sizeof(int32_t));
     e->table =
         cllm_malloc_array((size_t)cfg->max_seqs * (size_t)e->max_blocks_per_seq, sizeof(int32_t));
-    e->logits_copy = cllm_malloc_array((size_t)e->n_vocab, sizeof(float));
+    e->logits_copies = cllm_malloc_array((size_t)e->n_vocab, sizeof(float));
+    e->n_copies = 1;
+    e->host_draws = cllm_malloc_array((size_t)cfg->max_seqs, sizeof *e->host_draws);
     /* pending: one step's tokens at most (delivered before the next step's are seen) */
     e->pending = cllm_malloc_array((size_t)cfg->max_seqs, sizeof *e->pending);
     bool flights_ok = true;
@@ -826,11 +912,17 @@ enum cllm_status cllm_engine_new(struct cllm_engine **out, const struct cllm_mod
         flights_ok &= f->entries && f->tok_index && f->rows && f->sampled;
     }
     if (!e->tokens || !e->pos || !e->seq || !e->slot || !e->outputs || !e->table ||
-        !e->logits_copy || !e->pending || !flights_ok) {
+        !e->logits_copies || !e->host_draws || !e->pending || !flights_ok) {
         st = cllm_fail(err, err_len, CLLM_ERR_NOMEM, "out of memory");
         goto fail;
     }
     set_step_modes(e);
+    if (cfg->max_seqs > 1 && !e->be->iface->host_run) {
+        /* a GPU lends no host threads; without its own the engine draws alone (slower) */
+        int32_t n = cfg->n_threads > 0 ? cfg->n_threads : cllm_cpu_physical_cores();
+        if (n > 1 && cllm_threadpool_new(&e->draw_pool, n) != CLLM_OK)
+            cllm_log(CLLM_LOG_WARN, "engine: no threads for host draws; the engine draws alone");
+    }
     e->backend_name = e->be->iface->name;
     e->stats.kv_blocks_total = (int32_t)n_blocks;
     e->stats.block_size = cfg->block_size;

@@ -9,7 +9,8 @@
  *   - greedy answers with run-ahead equal those without, alone and batched (batch
  *     invariance), also next to a request with penalties (sampled on the host: no run-ahead
  *     over its steps) and under preemption;
- *   - seeded sampling: the same answer alone twice and batched (counter-based draws);
+ *   - seeded sampling: the same answer alone twice and batched (counter-based draws), also
+ *     with a penalty (drawn on the host, on the engine's threads);
  *   - the engine's device check: a device whose BLAS is wrong is not served from.
  *
  * CLLM_TEST_MICRO names the micro model's folder (scripts/test makes it).
@@ -230,6 +231,20 @@ static void test_engine(void)
     run(e, all, N_P, sampled, batched);
     for (int i = 0; i < N_P; i++)
         CHECKF(same(&batched[i], &again[i]), "prompt %d: sampled answer batched differs", i);
+    free_answers(batched, N_P);
+    free_answers(again, N_P);
+
+    /* seeded sampling with a penalty: drawn on the host, a step's draws on the engine's own
+     * threads together (a GPU lends none), alone and batched alike */
+    struct cllm_request_params penalized[N_P];
+    for (int i = 0; i < N_P; i++) {
+        penalized[i] = sampled[i];
+        penalized[i].sampling.repetition_penalty = 1.3f;
+        run(e, &all[i], 1, &penalized[i], &again[i]);
+    }
+    run(e, all, N_P, penalized, batched);
+    for (int i = 0; i < N_P; i++)
+        CHECKF(same(&batched[i], &again[i]), "prompt %d: penalized answer batched differs", i);
     free_answers(batched, N_P);
     free_answers(again, N_P);
     struct cllm_engine_stats st;

@@ -11,6 +11,8 @@
  *     computes, and under preemption;
  *   - a device that fails mid-batch under --device auto (lost, with and without run-ahead, or
  *     once): the engine moves to the CPU and every answer is still the same as alone;
+ *   - seeded sampling with Qwen's default settings gives the same answers alone and batched
+ *     (the host draws of a step run on the CPU backend's threads together);
  *   - cancellation frees the request's KV blocks within a step;
  *   - prompts beyond the context window and a full queue are refused with clear errors.
  */
@@ -62,9 +64,10 @@ static void params(struct cllm_request_params *p, int32_t max_tokens)
 }
 
 /* Runs questions [0, n) with at most `together` in flight; answers[i] gets the text and
- * (when n_gen is not NULL) n_gen[i] the tokens generated. */
-static void run_counted(struct cllm_engine *e, int n, int together, struct cllm_buf *answers,
-                        int32_t *n_gen)
+ * (when n_gen is not NULL) n_gen[i] the tokens generated. Greedy, unless `sampling` is given:
+ * then question i draws with it and seed sampling->seed + i. */
+static void run_sampled(struct cllm_engine *e, int n, int together, struct cllm_buf *answers,
+                        int32_t *n_gen, const struct cllm_sampling_params *sampling)
 {
     struct cllm_request *reqs[N_Q] = {0};
     struct cllm_request_output outs[N_Q];
@@ -74,9 +77,14 @@ static void run_counted(struct cllm_engine *e, int n, int together, struct cllm_
     char err[256];
     for (int start = 0; start < n; start += together) {
         int end = start + together < n ? start + together : n;
-        for (int i = start; i < end; i++)
+        for (int i = start; i < end; i++) {
+            if (sampling) {
+                p.sampling = *sampling;
+                p.sampling.seed = sampling->seed + (uint64_t)i;
+            }
             CHECKF(cllm_engine_submit(e, prompts[i].v, (int32_t)prompts[i].n, &p, &reqs[i], err,
                                       sizeof err) == CLLM_OK, "%s", err);
+        }
         for (int i = start; i < end; i++) {
             if (!reqs[i])
                 continue;
@@ -89,6 +97,12 @@ static void run_counted(struct cllm_engine *e, int n, int together, struct cllm_
             cllm_request_release(reqs[i]);
         }
     }
+}
+
+static void run_counted(struct cllm_engine *e, int n, int together, struct cllm_buf *answers,
+                        int32_t *n_gen)
+{
+    run_sampled(e, n, together, answers, n_gen, NULL);
 }
 
 static void run(struct cllm_engine *e, int n, int together, struct cllm_buf *answers)
@@ -385,6 +399,39 @@ static void test_invariance(void)
     }
 }
 
+/* Drawn tokens (Qwen's defaults: temperature 0.7, top-k 20, top-p 0.8, repetition penalty 1.1;
+ * a seed per question) are the same alone and batched: a step's host draws run on the CPU
+ * backend's threads together, each with its own row of logits to work on. */
+static void test_sampled_invariance(void)
+{
+    struct cllm_sampling_params sp;
+    cllm_sampling_params_default(&sp);
+    sp.temperature = 0.7f;
+    sp.top_k = 20;
+    sp.top_p = 0.8f;
+    sp.repetition_penalty = 1.1f;
+    sp.seed = 1000;
+    struct cllm_buf alone[N_Q] = {0}, batched[N_Q] = {0}, greedy[1] = {0};
+    struct cllm_engine *e = engine(0, 256, 512, 0);
+    if (!e)
+        return;
+    run_sampled(e, N_Q, 1, alone, NULL, &sp);
+    run_sampled(e, N_Q, N_Q, batched, NULL, &sp);
+    run(e, 1, 1, greedy);
+    cllm_engine_free(e);
+    CHECKF(greedy[0].len != alone[0].len || memcmp(greedy[0].data, alone[0].data, alone[0].len),
+           "question 0: the sampled answer is the greedy one (were the settings used?)");
+    for (int i = 0; i < N_Q; i++) {
+        CHECKF(alone[i].len > 0 && batched[i].len == alone[i].len &&
+                   memcmp(batched[i].data, alone[i].data, alone[i].len) == 0,
+               "question %d: sampled answer differs batched:\n  alone:   %s\n  batched: %s", i,
+               alone[i].data, batched[i].data);
+        cllm_buf_free(&alone[i]);
+        cllm_buf_free(&batched[i]);
+    }
+    cllm_buf_free(&greedy[0]);
+}
+
 /* The cancel and limit tests' engine (context 128, a queue of 2; run_ahead > 0 forces overlap
  * and run-ahead on, else both off) and their requests: 100 tokens, no stop token. */
 static struct cllm_engine *small_engine(int32_t run_ahead, struct cllm_request_params *p)
@@ -469,6 +516,7 @@ int main(void)
     }
     load_prompts();
     test_invariance();
+    test_sampled_invariance();
     test_cancel_and_limits();
     for (int i = 0; i < N_Q; i++)
         cllm_ids_free(&prompts[i]);

@@ -262,6 +262,7 @@ static struct cllm_backend *recording_backend(void)
     r->iface.matmul = w_matmul, r->iface.qkv_rope_store = w_qkv, r->iface.attention = w_attention;
     r->iface.silu_mul = w_silu, r->iface.gather_rows = w_gather;
     r->iface.graph_begin = w_graph_begin, r->iface.graph_end = w_graph_end;
+    r->iface.host_threads = NULL, r->iface.host_run = NULL; /* they would take r for the CPU's */
     r->be.iface = &r->iface;
     r->be.ctx = r;
     return &r->be;

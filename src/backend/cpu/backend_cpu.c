@@ -518,6 +518,16 @@ static enum cllm_status cpu_sync(struct cllm_backend *be)
     return CLLM_OK;
 }
 
+static int32_t cpu_host_threads(struct cllm_backend *be)
+{
+    return cllm_threadpool_n_threads(cpu_of(be)->tp);
+}
+
+static void cpu_host_run(struct cllm_backend *be, cllm_task_fn fn, void *ctx)
+{
+    cllm_threadpool_run(cpu_of(be)->tp, fn, ctx);
+}
+
 static const struct cllm_backend_iface cpu_iface = {
     .name = "cpu",
     .act_dtype = CLLM_DTYPE_F32,
@@ -541,6 +551,8 @@ static const struct cllm_backend_iface cpu_iface = {
     .silu_mul = cpu_silu_mul,
     .gather_rows = cpu_gather_rows,
     .sync = cpu_sync,
+    .host_threads = cpu_host_threads,
+    .host_run = cpu_host_run,
 };
 
 enum cllm_status cllm_backend_cpu_new(struct cllm_backend **out, int32_t n_threads, char *err,

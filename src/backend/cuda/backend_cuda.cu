@@ -797,6 +797,8 @@ static const struct cllm_backend_iface cuda_iface = {
     /* .graph_begin = */ cu_graph_begin,
     /* .graph_end = */ cu_graph_end,
     /* .sync = */ cu_sync,
+    /* .host_threads = */ NULL, /* the engine draws on its own host threads */
+    /* .host_run = */ NULL,
 };
 
 /* Where the BLAS does the model's GEMMs (a build without MMA, CLLM_CUBLAS=1): one small GEMM
