@@ -661,8 +661,8 @@ INLINE void float_rows(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K
         float_micro(w + (size_t)r * row_bytes, row_bytes, K, x, y + r, ldy, type, 1, T);
 }
 
-/* Tokens four at a time: four tokens take three rows a block, two take four, one takes eight
- * (a lone token's FMAs need independent accumulators to hide their latency). */
+/* Tokens four at a time: four or three tokens take three rows a block, two take four, one takes
+ * eight (a lone token's FMAs need independent accumulators to hide their latency). */
 INLINE void float_block(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
                         const struct cllm_act_view *a, int nt, float *y, int64_t ldy,
                         const enum cllm_dtype type)
