@@ -557,6 +557,19 @@ static bool launch_next(struct cllm_engine *e)
     return true;
 }
 
+/* Whether the backend lends its host threads (host_threads and host_run, both or neither). */
+static bool lends_threads(const struct cllm_backend *be)
+{
+    return be->iface->host_run && be->iface->host_threads;
+}
+
+/* Whether output token idx of a finished step is still wanted by r: not when r has ended (a
+ * stop string, a cancel) or dropped it (an earlier token of it was EOS). */
+static bool token_wanted(const struct cllm_request *r, int32_t idx)
+{
+    return !r->ended && idx >= 0 && idx < r->n_tokens;
+}
+
 struct host_draw_job {
     const float *logits;
     int32_t n_vocab;
@@ -591,7 +604,7 @@ static void draw_on_host(struct cllm_engine *e, const float *logits, const struc
                          int32_t n)
 {
     const struct cllm_backend_iface *bi = e->be->iface;
-    const bool lent = bi->host_run && bi->host_threads;
+    const bool lent = lends_threads(e->be);
     int32_t nth = n < 2                ? 1
                   : lent               ? bi->host_threads(e->be)
                   : e->draw_pool       ? cllm_threadpool_n_threads(e->draw_pool)
@@ -637,8 +650,7 @@ static void finish_oldest(struct cllm_engine *e)
         if (!en->sample)
             continue;
         const int32_t i = out++, idx = f->tok_index[j];
-        if (!en->req->ended && idx >= 0 && idx < en->req->n_tokens &&
-            (!e->draws || f->sampled[i] < 0))
+        if (token_wanted(en->req, idx) && (!e->draws || f->sampled[i] < 0))
             e->host_draws[n_draws++] = (struct host_draw){en->req->sampler, i, &f->sampled[i]};
     }
     if (n_draws)
@@ -653,8 +665,7 @@ static void finish_oldest(struct cllm_engine *e)
         if (!en->sample)
             continue;
         int32_t i = out++, idx = f->tok_index[j];
-        /* ended (a stop string, a cancel) or dropped (an earlier token of it was EOS) */
-        if (r->ended || idx < 0 || idx >= r->n_tokens)
+        if (!token_wanted(r, idx))
             continue;
         const int32_t token = f->sampled[i];
         if (token < 0) {
@@ -917,7 +928,7 @@ enum cllm_status cllm_engine_new(struct cllm_engine **out, const struct cllm_mod
         goto fail;
     }
     set_step_modes(e);
-    if (cfg->max_seqs > 1 && !e->be->iface->host_run) {
+    if (cfg->max_seqs > 1 && !lends_threads(e->be)) {
         /* a GPU lends no host threads; without its own the engine draws alone (slower) */
         int32_t n = cfg->n_threads > 0 ? cfg->n_threads : cllm_cpu_physical_cores();
         if (n > 1 && cllm_threadpool_new(&e->draw_pool, n) != CLLM_OK)
