@@ -30,9 +30,11 @@
  * tokens, 8 for one), so only a matrix's last rows take the single-row path. */
 #define FLOAT_ROW_CHUNK_BYTES (144u << 10)
 #define FLOAT_ROW_MULTIPLE 12
-#define FLOAT_TOKEN_CHUNK 64 /* a multiple of CLLM_MM_TILE, and stays one when halved */
-#define ITEMS_PER_THREAD 4
 #define FLOAT_DECODE_ROW_MULTIPLE 8
+/* Float items take this many tokens (a multiple of CLLM_MM_TILE, and one still when halved),
+ * halved while that leaves fewer than FLOAT_ITEMS_PER_THREAD items a thread. */
+#define FLOAT_TOKEN_CHUNK 64
+#define FLOAT_ITEMS_PER_THREAD 4
 /* Activation blocks per quantization work item. */
 #define QUANT_ITEM_BLOCKS 16
 /* Below this many activations, quantizing on the caller beats waking the pool. */
@@ -251,7 +253,8 @@ enum cllm_status cllm_cpu_matmul(struct cllm_threadpool *tp, const struct cllm_t
          * long rows (K = 8960: a 12-row chunk, 8 tokens a chunk) re-read the weights from
          * memory for every 8 tokens at 48 GFLOP/s; 64 tokens a chunk run at 70. Halved again
          * while that leaves too few items to share among the threads. */
-        const int64_t want = ITEMS_PER_THREAD * (int64_t)(tp ? cllm_threadpool_n_threads(tp) : 1);
+        const int64_t nth = tp ? cllm_threadpool_n_threads(tp) : 1;
+        const int64_t want = FLOAT_ITEMS_PER_THREAD * nth;
         j.token_chunk = FLOAT_TOKEN_CHUNK;
         while (j.token_chunk > CLLM_MM_TILE &&
                (n_tokens + j.token_chunk - 1) / j.token_chunk * j.row_items < want)
