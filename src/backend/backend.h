@@ -32,6 +32,7 @@ extern "C" {
 #endif
 
 #include "cllm.h"
+#include "sampling/sampling.h"
 #include "tensor/tensor.h"
 
 struct cllm_backend;
@@ -64,7 +65,8 @@ struct cllm_rope {
 };
 
 /* How one row of logits becomes a token, for backends that sample on the device. The
- * processors run in transformers' order: temperature, top-k, top-p, min-p. */
+ * processors run in transformers' order: the penalties (cllm_penalize's arithmetic),
+ * temperature, top-k, top-p, min-p. A row of zeros is greedy without penalties. */
 struct cllm_sample_row {
     float temperature; /* 0 = greedy: argmax, lowest index winning ties */
     int32_t top_k;     /* 0 = off */
@@ -72,6 +74,14 @@ struct cllm_sample_row {
     float min_p;       /* 0 = off */
     uint64_t seed;     /* the request's random stream ... */
     uint64_t counter;  /* ... and the draw within it: a draw depends on nothing else */
+    /* Penalties, on the tokens the request has seen: entries [counts_at, counts_at +
+     * n_counts) of the draw's counts (sampling.h), plus, when unseen_output = k + 1 > 0,
+     * token k of the previous draw -- generated, but not known on the host yet (run-ahead). */
+    float repetition_penalty; /* 0 or 1 = off */
+    float presence_penalty;   /* 0 = off */
+    float frequency_penalty;  /* 0 = off */
+    int32_t counts_at, n_counts;
+    int32_t unseen_output;
 };
 
 struct cllm_backend_iface {
@@ -158,12 +168,15 @@ struct cllm_backend_iface {
     enum cllm_status (*gather_rows)(struct cllm_backend *be, const float *x, const int32_t *idx,
                                     int32_t n_idx, int32_t dim, float *out);
     /* Optional (NULL: the caller samples on the host): queues the draw of tokens[i] (host) for
-     * each F32 logits row i of [n][n_vocab] (device), as rows[i] (host; read before the call
-     * returns) says. The next sync writes tokens, so the host can work while the device runs;
-     * that sync fails with CLLM_ERR_DEVICE if the device drew a token outside the vocabulary. */
-    enum cllm_status (*sample)(struct cllm_backend *be, const float *logits, int32_t n,
+     * each F32 logits row i of [n][n_vocab] (device), as rows[i] says, its penalties over
+     * counts (rows and counts: host, read before the call returns; counts may be NULL when
+     * no row has any). Rows with penalties are penalized in place. The next sync writes
+     * tokens, so the host can work while the device runs; that sync fails with
+     * CLLM_ERR_DEVICE if the device drew a token outside the vocabulary. A row naming an
+     * output of the previous draw when there is none (or it is gone) is CLLM_ERR_INVALID_ARG. */
+    enum cllm_status (*sample)(struct cllm_backend *be, float *logits, int32_t n,
                                int32_t n_vocab, const struct cllm_sample_row *rows,
-                               int32_t *tokens);
+                               const struct cllm_token_count *counts, int32_t *tokens);
     /* Optional (with sample; NULL: one draw at a time, written by sync): up to two draws may
      * be queued; wait_draw blocks until the oldest one (and everything queued before it) is
      * done and writes its tokens, CLLM_ERR_INVALID_ARG when none is queued. sync writes all. */

@@ -28,6 +28,18 @@ void *cllm_realloc_array(void *p, size_t n, size_t size)
     return realloc(p, bytes ? bytes : 1);
 }
 
+size_t cllm_grow_cap(size_t cap, size_t need, size_t first)
+{
+    if (!cap)
+        cap = first ? first : 1;
+    while (cap < need) {
+        if (cap > SIZE_MAX / 2)
+            return need;
+        cap *= 2;
+    }
+    return cap;
+}
+
 char *cllm_strndup(const char *s, size_t n)
 {
     if (n == SIZE_MAX)

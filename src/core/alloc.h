@@ -27,6 +27,9 @@ void *cllm_malloc_array(size_t n, size_t size);
 void *cllm_calloc_array(size_t n, size_t size);
 /* realloc(p, n * size), NULL (and p untouched) on overflow or failure. */
 void *cllm_realloc_array(void *p, size_t n, size_t size);
+/* The capacity a growing array takes to hold need elements: cap doubled (from first when cap
+ * is 0) until it does, or need itself where doubling would overflow. */
+size_t cllm_grow_cap(size_t cap, size_t need, size_t first);
 /* A NUL-terminated copy of s[0..n); NULL on failure. */
 char *cllm_strndup(const char *s, size_t n);
 

@@ -8,18 +8,6 @@
 
 #include "core/alloc.h"
 
-/* Capacity of at least need elements, doubling from old (min 16); 0 on overflow. */
-static size_t grow_cap(size_t old, size_t need)
-{
-    size_t cap = old ? old : 16;
-    while (cap < need) {
-        if (cap > SIZE_MAX / 2)
-            return need;
-        cap *= 2;
-    }
-    return cap;
-}
-
 enum cllm_status cllm_buf_reserve(struct cllm_buf *b, size_t extra)
 {
     if (extra > SIZE_MAX - b->len - 1)
@@ -27,7 +15,7 @@ enum cllm_status cllm_buf_reserve(struct cllm_buf *b, size_t extra)
     size_t need = b->len + extra + 1;
     if (need <= b->cap)
         return CLLM_OK;
-    size_t cap = grow_cap(b->cap, need);
+    size_t cap = cllm_grow_cap(b->cap, need, 16);
     char *d = realloc(b->data, cap);
     if (!d)
         return CLLM_ERR_NOMEM;
@@ -83,7 +71,7 @@ enum cllm_status cllm_ids_append(struct cllm_ids *ids, const int32_t *v, size_t 
     if (n > SIZE_MAX - ids->n)
         return CLLM_ERR_NOMEM;
     if (ids->n + n > ids->cap) {
-        size_t cap = grow_cap(ids->cap, ids->n + n);
+        size_t cap = cllm_grow_cap(ids->cap, ids->n + n, 16);
         int32_t *d = cllm_realloc_array(ids->v, cap, sizeof *d);
         if (!d)
             return CLLM_ERR_NOMEM;

@@ -142,7 +142,7 @@ static enum cllm_status check_draws(struct cllm_model *a, struct check_run *c, c
         int32_t tokens[2] = {-1, -1}, kind[2];
         for (int32_t o = 0; o < n_out; o++)
             rows[o] = kinds[kind[o] = n_out == 1 ? pass : o];
-        if ((s = cllm_model_forward_sample(a, &c->kv[0], &c->step, rows, tokens, &logits)))
+        if ((s = cllm_model_forward_sample(a, &c->kv[0], &c->step, rows, NULL, tokens, &logits)))
             break;
         for (int32_t o = 0; o < n_out; o++) {
             const float *row = want + (int64_t)o * n_vocab;

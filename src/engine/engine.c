@@ -49,7 +49,7 @@ struct launched {
     int32_t n_entries;
     struct cllm_sample_row *rows; /* [max_seqs] how each output is drawn */
     int32_t *sampled;             /* [max_seqs] the drawn tokens (-1: sample on the host) */
-    bool caller_rows;             /* some outputs are sampled on the host (penalties) */
+    bool caller_rows;             /* some outputs are sampled on the host */
     const float *logits;          /* without draws: the step's logits (host) */
 };
 
@@ -72,7 +72,10 @@ struct cllm_engine {
     int32_t n_flights, flight_head;
     struct pending_token *pending; /* [max_seqs] tokens whose text is not delivered yet */
     int32_t n_pending;
+    struct cllm_token_count *counts; /* [counts_cap] the penalties' memory of a step's rows */
+    size_t counts_cap;
     bool draws;     /* steps go through cllm_model_launch_sample (tokens drawn by the model) */
+    bool host_penalties; /* CLLM_HOST_PENALTIES=1: rows with penalties are drawn on the host */
     bool run_ahead; /* launch a step while the one before it runs */
     bool overlap;   /* deliver a step's text during the next step */
 
@@ -249,19 +252,37 @@ static void build_step(struct cllm_engine *e, struct cllm_step *st)
                              e->table, p->n_entries, width,  n_out,  e->outputs};
 }
 
-/* Penalties need the request's token history, which only the host sampler keeps. */
-static bool samples_on_device(const struct cllm_sampling_params *p)
+static bool has_penalties(const struct cllm_sampling_params *p)
 {
-    return p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
-           p->frequency_penalty == 0.0f;
+    return p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f ||
+           p->frequency_penalty != 0.0f;
+}
+
+/* Room for n token counts in e->counts. */
+static bool reserve_counts(struct cllm_engine *e, size_t n)
+{
+    if (n <= e->counts_cap)
+        return true;
+    const size_t cap = cllm_grow_cap(e->counts_cap, n, 4096);
+    struct cllm_token_count *grown = cllm_realloc_array(e->counts, cap, sizeof *grown);
+    if (!grown)
+        return false;
+    e->counts = grown;
+    e->counts_cap = cap;
+    return true;
 }
 
 /* The draw of each output of the plan: the counter is the index of the token being
- * generated, so a request's draws never depend on what it is batched with. Returns whether
+ * generated, so a request's draws never depend on what it is batched with. A request with
+ * penalties hands the device its sampler's seen tokens (e->counts), and the token its
+ * launched step draws, not known here yet (unseen_output); its rows go to the host's sampler
+ * instead when there is no room for them, or CLLM_HOST_PENALTIES=1 asks. Returns whether
  * some output is the host's to sample. */
-static bool build_sample_rows(const struct cllm_plan *p, struct cllm_sample_row *rows)
+static bool build_sample_rows(struct cllm_engine *e, const struct cllm_plan *p,
+                              struct cllm_sample_row *rows)
 {
     int32_t out = 0;
+    size_t n_counts = 0;
     bool host = false;
     for (int32_t j = 0; j < p->n_entries; j++) {
         if (!p->entries[j].sample)
@@ -269,14 +290,30 @@ static bool build_sample_rows(const struct cllm_plan *p, struct cllm_sample_row 
         const struct cllm_request *r = p->entries[j].req;
         const struct cllm_sampling_params *sp = &r->params.sampling;
         struct cllm_sample_row *row = &rows[out++];
-        if (!samples_on_device(sp)) {
+        *row = (struct cllm_sample_row){.temperature = sp->temperature,
+                                        .top_k = sp->top_k,
+                                        .top_p = sp->top_p,
+                                        .min_p = sp->min_p,
+                                        .seed = sp->seed,
+                                        .counter = (uint64_t)(r->n_tokens - r->n_prompt)};
+        if (!has_penalties(sp))
+            continue;
+        size_t n_seen;
+        const struct cllm_token_count *seen = cllm_sampler_seen(r->sampler, &n_seen);
+        if (!e->draws || e->host_penalties || !reserve_counts(e, n_counts + n_seen)) {
             *row = (struct cllm_sample_row){.temperature = -1.0f};
             host = true;
             continue;
         }
-        *row = (struct cllm_sample_row){sp->temperature, sp->top_k,
-                                        sp->top_p,       sp->min_p,
-                                        sp->seed,        (uint64_t)(r->n_tokens - r->n_prompt)};
+        if (n_seen)
+            memcpy(e->counts + n_counts, seen, n_seen * sizeof *seen);
+        row->repetition_penalty = sp->repetition_penalty;
+        row->presence_penalty = sp->presence_penalty;
+        row->frequency_penalty = sp->frequency_penalty;
+        row->counts_at = (int32_t)n_counts;
+        row->n_counts = (int32_t)n_seen;
+        row->unseen_output = r->n_unseen > 0 ? r->unseen_output + 1 : 0;
+        n_counts += n_seen;
     }
     return host;
 }
@@ -367,6 +404,8 @@ static void set_step_modes(struct cllm_engine *e)
     const char *no_ahead = getenv("CLLM_NO_RUN_AHEAD");
     bool ahead_default = cllm_model_queues_steps(e->model) && !(no_ahead && !strcmp(no_ahead, "1"));
     e->run_ahead = e->draws && (cfg->run_ahead > 0 || (cfg->run_ahead == 0 && ahead_default));
+    const char *host_penalties = getenv("CLLM_HOST_PENALTIES"); /* for comparison */
+    e->host_penalties = host_penalties && !strcmp(host_penalties, "1");
     e->overlap = cfg->overlap > 0 || (cfg->overlap == 0 && cllm_model_samples_on_device(e->model));
 }
 
@@ -524,11 +563,11 @@ static bool launch_next(struct cllm_engine *e)
     struct launched *f = flight_at(e, e->n_flights);
     struct cllm_step st;
     build_step(e, &st);
-    f->caller_rows = build_sample_rows(p, f->rows);
+    f->caller_rows = build_sample_rows(e, p, f->rows);
     f->logits = NULL;
-    enum cllm_status rc = e->draws
-                              ? cllm_model_launch_sample(e->model, &e->kv, &st, f->rows, f->sampled)
-                              : cllm_model_forward(e->model, &e->kv, &st, &f->logits);
+    enum cllm_status rc =
+        e->draws ? cllm_model_launch_sample(e->model, &e->kv, &st, f->rows, e->counts, f->sampled)
+                 : cllm_model_forward(e->model, &e->kv, &st, &f->logits);
     if (rc) {
         step_failed(e, rc, true);
         return false;
@@ -595,11 +634,12 @@ static void host_draw_task(void *ctx, int ith, int nth)
 }
 
 /* Draws n tokens on several host threads: the backend's when it lends them (the CPU's pool,
- * idle between steps), else the engine's own pool. A draw with Qwen's defaults (top-k 20,
- * top-p 0.8, repetition penalty 1.1, which the GPU leaves to the host) over 151,936 logits
- * takes ~0.5 ms, so 192 sequences cost 100 ms a step on the engine thread alone. Which thread
- * draws a token changes nothing: every request has its own sampler and random stream. Without
- * a row per thread (out of memory) the engine thread draws all. */
+ * idle between steps), else the engine's own pool (a GPU's rows come here only when asked:
+ * CLLM_HOST_PENALTIES=1, or out of memory for their penalties). A draw with Qwen's defaults
+ * (top-k 20, top-p 0.8, repetition penalty 1.1) over 151,936 logits takes ~0.5 ms, so 192
+ * sequences cost 100 ms a step on the engine thread alone. Which thread draws a token changes
+ * nothing: every request has its own sampler and random stream. Without a row per thread (out
+ * of memory) the engine thread draws all. */
 static void draw_on_host(struct cllm_engine *e, const float *logits, const struct host_draw *draws,
                          int32_t n)
 {
@@ -668,7 +708,10 @@ static void finish_oldest(struct cllm_engine *e)
         if (!token_wanted(r, idx))
             continue;
         const int32_t token = f->sampled[i];
-        if (token < 0) {
+        /* a device draw counts for the penalties of the request's next rows (a host draw
+         * recorded it already) */
+        const bool drawn_by_model = e->draws && f->rows[i].temperature >= 0.0f;
+        if (token < 0 || (drawn_by_model && cllm_sampler_accept(r->sampler, token) != CLLM_OK)) {
             finish(e, r, CLLM_FINISH_ERROR, "out of memory while sampling");
             continue;
         }
@@ -801,6 +844,7 @@ static void release(struct cllm_engine *e)
     cllm_backend_free(e->be);
     free(e->tokens), free(e->pos), free(e->seq), free(e->slot), free(e->outputs), free(e->table);
     free(e->logits_copies);
+    free(e->counts);
     free(e->host_draws);
     cllm_threadpool_free(e->draw_pool);
     for (int i = 0; i < 2; i++) {

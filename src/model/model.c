@@ -672,10 +672,19 @@ bool cllm_model_queues_steps(const struct cllm_model *m)
     return be->sample && be->wait_draw && be->resolve_tokens;
 }
 
-/* A row drawn on the host as the device sampler would draw it: argmax when greedy, else the
- * host sampler's processors with a generator seeded by (seed, counter) alone. */
-static int32_t draw_on_host(const struct cllm_sample_row *row, float *logits, int32_t V)
+/* A row drawn on the host as the device sampler would draw it: its penalties (over counts,
+ * and the previous step's token `extra` when >= 0), then argmax when greedy, else the host
+ * sampler's processors with a generator seeded by (seed, counter) alone. */
+static int32_t draw_on_host(const struct cllm_sample_row *row,
+                            const struct cllm_token_count *counts, int32_t extra, float *logits,
+                            int32_t V)
 {
+    if (row->n_counts > 0 || extra >= 0) {
+        const float rep = row->repetition_penalty == 0.0f ? 1.0f : row->repetition_penalty;
+        cllm_penalize(logits, V, row->n_counts > 0 ? counts + row->counts_at : NULL,
+                      row->n_counts > 0 ? (size_t)row->n_counts : 0, extra, rep,
+                      row->presence_penalty, row->frequency_penalty);
+    }
     struct cllm_sampling_params p;
     cllm_sampling_params_default(&p);
     if (row->temperature > 0.0f) {
@@ -698,26 +707,48 @@ static struct flight *flight_at(struct cllm_model *m, int32_t i)
     return &m->flights[(m->flight_head + i) % 2];
 }
 
+/* Checks what the rows ask of the penalties as a device backend does: counts in range, and
+ * unseen outputs only of a previous step (prev_n outputs; 0: none). */
+static enum cllm_status check_penalties(const struct cllm_sample_row *rows, int32_t n,
+                                        const struct cllm_token_count *counts, int32_t prev_n)
+{
+    for (int32_t i = 0; i < n; i++) {
+        const struct cllm_sample_row *r = &rows[i];
+        if (r->counts_at < 0 || r->n_counts < 0 || r->unseen_output < 0 ||
+            (r->n_counts > 0 && !counts) || r->unseen_output > prev_n)
+            return CLLM_ERR_INVALID_ARG;
+    }
+    return CLLM_OK;
+}
+
 /* Without a device sampler the step runs now and its rows are drawn on the host: the queue
  * then only orders what the caller sees, exactly as a device would. */
 static enum cllm_status run_and_draw_on_host(struct cllm_model *m, struct cllm_kv_cache *kv,
                                              const struct cllm_step *step,
-                                             const struct cllm_sample_row *rows, struct flight *f)
+                                             const struct cllm_sample_row *rows,
+                                             const struct cllm_token_count *counts,
+                                             struct flight *f)
 {
     struct cllm_step s = *step;
-    if (m->n_flights > 0) { /* references to the previous step: its tokens are known here */
-        const int32_t *prev = flight_at(m, m->n_flights - 1)->drawn;
+    const int32_t *prev = m->n_flights > 0 ? flight_at(m, m->n_flights - 1)->drawn : NULL;
+    enum cllm_status st = check_penalties(rows, step->n_outputs, counts,
+                                          prev ? flight_at(m, m->n_flights - 1)->n_outputs : 0);
+    if (st)
+        return st;
+    if (prev) { /* references to the previous step: its tokens are known here */
         for (int32_t t = 0; t < step->n_tokens; t++)
             m->resolved[t] = step->tokens[t] < 0 ? prev[-1 - step->tokens[t]] : step->tokens[t];
         s.tokens = m->resolved;
     }
-    enum cllm_status st = forward_checked(m, kv, &s);
+    st = forward_checked(m, kv, &s);
     size_t V = (size_t)m->hp.n_vocab;
     /* In place: only the caller's rows of logits are promised to the caller (model.h). */
     for (int32_t i = 0; st == CLLM_OK && i < step->n_outputs; i++) {
         f->drawn[i] = -1;
+        const int32_t extra = rows[i].unseen_output > 0 ? prev[rows[i].unseen_output - 1] : -1;
         if (rows[i].temperature >= 0.0f &&
-            (f->drawn[i] = draw_on_host(&rows[i], m->logits_host + (size_t)i * V, (int32_t)V)) < 0)
+            (f->drawn[i] = draw_on_host(&rows[i], counts, extra, m->logits_host + (size_t)i * V,
+                                        (int32_t)V)) < 0)
             st = CLLM_ERR_NOMEM;
     }
     return st;
@@ -725,7 +756,8 @@ static enum cllm_status run_and_draw_on_host(struct cllm_model *m, struct cllm_k
 
 enum cllm_status cllm_model_launch_sample(struct cllm_model *m, struct cllm_kv_cache *kv,
                                           const struct cllm_step *step,
-                                          const struct cllm_sample_row *rows, int32_t *tokens)
+                                          const struct cllm_sample_row *rows,
+                                          const struct cllm_token_count *counts, int32_t *tokens)
 {
     const struct cllm_backend_iface *be = m->be->iface;
     bool on_device = be->sample != NULL;
@@ -743,7 +775,7 @@ enum cllm_status cllm_model_launch_sample(struct cllm_model *m, struct cllm_kv_c
     for (int32_t i = 0; i < n; i++)
         f->caller_rows |= rows[i].temperature < 0.0f;
     if (!on_device) {
-        if ((st = run_and_draw_on_host(m, kv, step, rows, f)))
+        if ((st = run_and_draw_on_host(m, kv, step, rows, counts, f)))
             return st;
         m->n_flights++;
         return CLLM_OK;
@@ -757,7 +789,8 @@ enum cllm_status cllm_model_launch_sample(struct cllm_model *m, struct cllm_kv_c
     for (int32_t i = 0; i < n; i++)
         if (rows[i].temperature < 0.0f) /* the caller's row: any cheap draw will do */
             m->rows[i] = (struct cllm_sample_row){0};
-    if (n > 0 && (st = be->sample(m->be, m->logits_dev, n, m->hp.n_vocab, m->rows, tokens)))
+    if (n > 0 &&
+        (st = be->sample(m->be, m->logits_dev, n, m->hp.n_vocab, m->rows, counts, tokens)))
         return st;
     m->n_flights++;
     return CLLM_OK;
@@ -813,10 +846,11 @@ void cllm_model_drop_launched(struct cllm_model *m)
 
 enum cllm_status cllm_model_forward_sample(struct cllm_model *m, struct cllm_kv_cache *kv,
                                            const struct cllm_step *step,
-                                           const struct cllm_sample_row *rows, int32_t *tokens,
+                                           const struct cllm_sample_row *rows,
+                                           const struct cllm_token_count *counts, int32_t *tokens,
                                            const float **logits)
 {
     *logits = NULL;
-    enum cllm_status st = cllm_model_launch_sample(m, kv, step, rows, tokens);
+    enum cllm_status st = cllm_model_launch_sample(m, kv, step, rows, counts, tokens);
     return st ? st : cllm_model_wait_sample(m, rows, tokens, logits);
 }

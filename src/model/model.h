@@ -65,13 +65,15 @@ enum cllm_status cllm_model_forward(struct cllm_model *m, struct cllm_kv_cache *
 /* True if the backend samples on the device (cllm_model_forward_sample). */
 bool cllm_model_samples_on_device(const struct cllm_model *m);
 
-/* Runs the step and draws each output's token on the device as rows[i] says, so the logits
- * stay there: tokens[i] gets output i's token. A row with a negative temperature is the
- * caller's to sample: its tokens[i] is -1 and its logits are row i of *logits (host; the
- * other rows of *logits are not filled). Needs cllm_model_samples_on_device. */
+/* Runs the step and draws each output's token on the device as rows[i] says (its penalties
+ * over counts, host, read during the call; NULL when no row has any), so the logits stay
+ * there: tokens[i] gets output i's token. A row with a negative temperature is the caller's to
+ * sample: its tokens[i] is -1 and its logits are row i of *logits (host; the other rows of
+ * *logits are not filled). Needs cllm_model_samples_on_device. */
 enum cllm_status cllm_model_forward_sample(struct cllm_model *m, struct cllm_kv_cache *kv,
                                            const struct cllm_step *step,
-                                           const struct cllm_sample_row *rows, int32_t *tokens,
+                                           const struct cllm_sample_row *rows,
+                                           const struct cllm_token_count *counts, int32_t *tokens,
                                            const float **logits);
 
 /* cllm_model_forward_sample in two halves, so the host can work while the device runs the
@@ -83,12 +85,14 @@ enum cllm_status cllm_model_forward_sample(struct cllm_model *m, struct cllm_kv_
  * on a backend without a device sampler, where launch runs the step at once and draws its
  * rows on the host as the device would (argmax, or the processors with a (seed, counter)
  * generator). The second step's tokens may then name outputs of the first, not known on the
- * host yet: -1 - k stands for the first step's output k. A step whose rows include the
+ * host yet: -1 - k stands for the first step's output k (and a row's unseen_output k + 1
+ * counts that output for its penalties). A step whose rows include the
  * caller's (temperature < 0: logits to download) cannot have a second step behind it.
  * Without a device sampler, launch returns the step's own errors at once. */
 enum cllm_status cllm_model_launch_sample(struct cllm_model *m, struct cllm_kv_cache *kv,
                                           const struct cllm_step *step,
-                                          const struct cllm_sample_row *rows, int32_t *tokens);
+                                          const struct cllm_sample_row *rows,
+                                          const struct cllm_token_count *counts, int32_t *tokens);
 enum cllm_status cllm_model_wait_sample(struct cllm_model *m, const struct cllm_sample_row *rows,
                                         int32_t *tokens, const float **logits);
 

@@ -24,11 +24,6 @@
 #define GAP_BUCKETS 512
 #define GAP_RANGE 64.0
 
-struct seen_token {
-    int32_t token;
-    uint32_t count; /* times generated; 0 for a token seen only in the prompt */
-};
-
 struct cand {
     float logit; /* after penalties and temperature */
     int32_t token;
@@ -38,10 +33,11 @@ struct cand {
 struct cllm_sampler {
     struct cllm_sampling_params p;
     int32_t n_vocab;
-    int32_t top_k;           /* effective top-k: 0 when off or >= n_vocab */
-    bool track;              /* some penalty is on, so seen tokens are recorded */
-    uint64_t rng[4];         /* xoshiro256** state */
-    struct seen_token *seen; /* [n_seen] distinct tokens of prompt + generated, first-seen order */
+    int32_t top_k;   /* effective top-k: 0 when off or >= n_vocab */
+    bool track;      /* some penalty is on, so seen tokens are recorded */
+    uint64_t rng[4]; /* xoshiro256** state */
+    /* [n_seen] distinct tokens of prompt + generated, first-seen order */
+    struct cllm_token_count *seen;
     size_t n_seen, cap_seen;
     struct cllm_u64map index; /* token -> its position in seen */
     float *heap;              /* [top_k] scratch min-heap for the top-k threshold */
@@ -145,8 +141,8 @@ static enum cllm_status record(struct cllm_sampler *s, int32_t token, bool gener
         return CLLM_OK;
     }
     if (s->n_seen == s->cap_seen) {
-        size_t cap = s->cap_seen ? s->cap_seen * 2 : 64;
-        struct seen_token *seen = cllm_realloc_array(s->seen, cap, sizeof *seen);
+        const size_t cap = cllm_grow_cap(s->cap_seen, s->n_seen + 1, 64);
+        struct cllm_token_count *seen = cllm_realloc_array(s->seen, cap, sizeof *seen);
         if (!seen)
             return CLLM_ERR_NOMEM;
         s->seen = seen;
@@ -155,7 +151,7 @@ static enum cllm_status record(struct cllm_sampler *s, int32_t token, bool gener
     enum cllm_status st = cllm_u64map_put(&s->index, (uint64_t)token, s->n_seen);
     if (st)
         return st;
-    s->seen[s->n_seen++] = (struct seen_token){.token = token, .count = generated ? 1 : 0};
+    s->seen[s->n_seen++] = (struct cllm_token_count){.token = token, .count = generated ? 1 : 0};
     return CLLM_OK;
 }
 
@@ -216,22 +212,43 @@ enum cllm_status cllm_sampler_accept(struct cllm_sampler *s, int32_t token)
     return s->track ? record(s, token, true) : CLLM_OK;
 }
 
-/* Repetition penalty first, then frequency and presence, each in float as the references do. */
-static void apply_penalties(const struct cllm_sampler *s, float *logits)
+/* One logit through the penalties (cllm_penalize). */
+static float penalized(float l, uint32_t count, float rep, float pres, float freq)
 {
-    const float rep = s->p.repetition_penalty;
-    const float pres = s->p.presence_penalty, freq = s->p.frequency_penalty;
-    for (size_t i = 0; i < s->n_seen; i++) {
-        const struct seen_token *t = &s->seen[i];
-        float l = logits[t->token];
-        if (rep != 1.0f)
-            l = l < 0.0f ? l * rep : l / rep;
-        if (t->count) {
-            l -= freq * (float)t->count;
-            l -= pres;
-        }
-        logits[t->token] = l;
+    if (rep != 1.0f)
+        l = l < 0.0f ? l * rep : l / rep;
+    if (count) {
+        l -= freq * (float)count;
+        l -= pres;
     }
+    return l;
+}
+
+/* Repetition penalty first, then frequency and presence, each in float as the references do. */
+void cllm_penalize(float *logits, int32_t n_vocab, const struct cllm_token_count *seen, size_t n,
+                   int32_t extra, float rep, float pres, float freq)
+{
+    bool extra_listed = false;
+    for (size_t i = 0; i < n; i++) {
+        const int32_t t = seen[i].token;
+        if (t < 0 || t >= n_vocab)
+            continue;
+        uint32_t count = seen[i].count;
+        if (t == extra) {
+            extra_listed = true;
+            if (count < UINT32_MAX)
+                count++;
+        }
+        logits[t] = penalized(logits[t], count, rep, pres, freq);
+    }
+    if (extra >= 0 && extra < n_vocab && !extra_listed)
+        logits[extra] = penalized(logits[extra], 1, rep, pres, freq);
+}
+
+const struct cllm_token_count *cllm_sampler_seen(const struct cllm_sampler *s, size_t *n)
+{
+    *n = s->track ? s->n_seen : 0;
+    return s->seen;
 }
 
 int32_t cllm_argmax(const float *l, int32_t n)
@@ -289,9 +306,7 @@ static enum cllm_status reserve_cand(struct cllm_sampler *s, size_t n)
 {
     if (n <= s->cap_cand)
         return CLLM_OK;
-    size_t cap = s->cap_cand ? s->cap_cand : 256;
-    while (cap < n)
-        cap *= 2;
+    const size_t cap = cllm_grow_cap(s->cap_cand, n, 256);
     struct cand *c = cllm_realloc_array(s->cand, cap, sizeof *c);
     if (!c)
         return CLLM_ERR_NOMEM;
@@ -369,7 +384,9 @@ static enum cllm_status build_dist(struct cllm_sampler *s, float *logits, struct
 {
     const int32_t n = s->n_vocab;
     *d = (struct dist){.single = -1};
-    apply_penalties(s, logits);
+    if (s->track)
+        cllm_penalize(logits, s->n_vocab, s->seen, s->n_seen, -1, s->p.repetition_penalty,
+                      s->p.presence_penalty, s->p.frequency_penalty);
     if (s->p.temperature == 0.0f) {
         d->single = cllm_argmax(logits, n);
         return CLLM_OK;

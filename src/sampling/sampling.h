@@ -25,6 +25,20 @@ struct cllm_sampling_params {
     uint64_t seed;            /* same seed + same logits => same token sequence */
 };
 
+/* A distinct token a request has seen: the penalties' memory. */
+struct cllm_token_count {
+    int32_t token;
+    uint32_t count; /* times generated; 0 for a token seen only in the prompt */
+};
+
+/* The penalties, in place on logits[n_vocab], exactly as the sampler applies them (a GPU
+ * sampler repeats this arithmetic): for each entry of seen[n] (distinct tokens; those outside
+ * [0, n_vocab) skipped), l = l < 0 ? l * rep : l / rep (rep != 1), then if its count > 0,
+ * l -= freq * count and l -= pres, each step rounded to float. extra >= 0 is one more
+ * generated token, not in seen yet (its count goes up by one; a token not listed counts 1). */
+void cllm_penalize(float *logits, int32_t n_vocab, const struct cllm_token_count *seen, size_t n,
+                   int32_t extra, float rep, float pres, float freq);
+
 /* Greedy with every processor off and seed 0. */
 void cllm_sampling_params_default(struct cllm_sampling_params *p);
 
@@ -43,6 +57,10 @@ struct cllm_sampler;
 enum cllm_status cllm_sampler_new(struct cllm_sampler **out, const struct cllm_sampling_params *p,
                                   int32_t n_vocab, const int32_t *prompt, size_t n_prompt);
 void cllm_sampler_free(struct cllm_sampler *s);
+
+/* The sampler's seen tokens (what cllm_penalize takes), in first-seen order, valid until it
+ * records another token; *n = 0 when no penalty is on. */
+const struct cllm_token_count *cllm_sampler_seen(const struct cllm_sampler *s, size_t *n);
 
 /* Picks the next token from logits[n_vocab] (overwritten: used as scratch) and records it as
  * generated. NaN logits count as -inf; logits with no finite maximum fall back to greedy.

@@ -17,6 +17,11 @@ static void test_overflow(void)
     uint64_t r;
     CHECK(cllm_mul_u64(1ULL << 32, 1ULL << 31, &r) && r == 1ULL << 63);
     CHECK(!cllm_mul_u64(1ULL << 32, 1ULL << 32, &r));
+    /* growing arrays: doubling from the first capacity, need itself past SIZE_MAX / 2 */
+    CHECK(cllm_grow_cap(0, 5, 16) == 16 && cllm_grow_cap(16, 17, 16) == 32);
+    CHECK(cllm_grow_cap(0, 100, 16) == 128 && cllm_grow_cap(64, 10, 16) == 64);
+    CHECK(cllm_grow_cap(0, 0, 0) == 1);
+    CHECK(cllm_grow_cap(SIZE_MAX / 2 + 1, SIZE_MAX, 1) == SIZE_MAX);
     CHECK(!cllm_add_u64(UINT64_MAX, 1, &r));
     CHECK(cllm_malloc_array(SIZE_MAX / 2, 3) == NULL);
     CHECK(cllm_calloc_array(SIZE_MAX / 2, 3) == NULL);

@@ -7,10 +7,12 @@
  *
  *   - logits of a prompt against the CPU backend (F32) within BF16's error;
  *   - greedy answers with run-ahead equal those without, alone and batched (batch
- *     invariance), also next to a request with penalties (sampled on the host: no run-ahead
- *     over its steps) and under preemption;
+ *     invariance), also next to a request with penalties and under preemption;
  *   - seeded sampling: the same answer alone twice and batched (counter-based draws), also
- *     with a penalty (drawn on the host, on the engine's threads);
+ *     with a penalty;
+ *   - penalties on the device (the token of the step in flight counted too) give the host
+ *     sampler's greedy answers, with run-ahead and without; the host's draws of a step on
+ *     the engine's threads (CLLM_HOST_PENALTIES=1) give the same, alone and batched;
  *   - the engine's device check: a device whose BLAS is wrong is not served from.
  *
  * CLLM_TEST_MICRO names the micro model's folder (scripts/test makes it).
@@ -212,7 +214,7 @@ static void test_engine(void)
     }
     free_answers(batched, N_P);
 
-    /* next to a request with a repetition penalty (sampled on the host) */
+    /* next to a request with a repetition penalty */
     int with_penalty[N_P + 1] = {0, 1, 2, 3, 1};
     greedy[N_P].sampling.repetition_penalty = 1.3f;
     run(e, with_penalty, N_P + 1, greedy, batched);
@@ -234,8 +236,7 @@ static void test_engine(void)
     free_answers(batched, N_P);
     free_answers(again, N_P);
 
-    /* seeded sampling with a penalty: drawn on the host, a step's draws on the engine's own
-     * threads together (a GPU lends none), alone and batched alike */
+    /* seeded sampling with a penalty, alone and batched alike */
     struct cllm_request_params penalized[N_P];
     for (int i = 0; i < N_P; i++) {
         penalized[i] = sampled[i];
@@ -268,6 +269,57 @@ static void test_engine(void)
     cllm_engine_free(e);
     free_answers(alone, N_P);
     free_answers(serial, N_P);
+}
+
+/* Greedy answers with penalties: repetition, presence and frequency, each alone and all
+ * three; drawn on the device with run-ahead, one step at a time, and on the host. */
+static void test_penalties(void)
+{
+    int all[N_P] = {0, 1, 2, 3};
+    struct cllm_request_params pen[N_P], plain[N_P];
+    for (int i = 0; i < N_P; i++) {
+        params(&pen[i], 0.0f, 0);
+        params(&plain[i], 0.0f, 0);
+        struct cllm_sampling_params *sp = &pen[i].sampling;
+        sp->repetition_penalty = i == 1 ? 1.0f : 1.3f;
+        sp->presence_penalty = i == 2 ? 0.0f : 0.4f;
+        sp->frequency_penalty = i == 0 ? 0.0f : 0.3f;
+    }
+    struct answer ahead[N_P], serial[N_P], host[N_P], host_alone[N_P], unpenalized[N_P];
+    struct cllm_engine *e = engine(0, 1 << 20);
+    if (!e)
+        return;
+    run(e, all, N_P, pen, ahead);
+    run(e, all, N_P, plain, unpenalized);
+    cllm_engine_free(e);
+    if (!(e = engine(-1, 1 << 20)))
+        return;
+    run(e, all, N_P, pen, serial);
+    cllm_engine_free(e);
+    setenv("CLLM_HOST_PENALTIES", "1", 1);
+    e = engine(0, 1 << 20);
+    unsetenv("CLLM_HOST_PENALTIES");
+    if (!e)
+        return;
+    run(e, all, N_P, pen, host);
+    for (int i = 0; i < N_P; i++)
+        run(e, &all[i], 1, &pen[i], &host_alone[i]);
+    cllm_engine_free(e);
+    int changed = 0;
+    for (int i = 0; i < N_P; i++) {
+        changed += !same(&ahead[i], &unpenalized[i]);
+        CHECKF(ahead[i].n > 0 && same(&ahead[i], &host[i]),
+               "prompt %d: penalized on the device (run-ahead) differs from the host", i);
+        CHECKF(same(&serial[i], &host[i]),
+               "prompt %d: penalized on the device (step by step) differs from the host", i);
+        CHECKF(same(&host_alone[i], &host[i]), "prompt %d: host draws batched differ", i);
+    }
+    CHECKF(changed > 0, "the penalties changed no answer (were they used?)");
+    free_answers(ahead, N_P);
+    free_answers(serial, N_P);
+    free_answers(host, N_P);
+    free_answers(host_alone, N_P);
+    free_answers(unpenalized, N_P);
 }
 
 /* --- the device check (engine/device_check.h) --- */
@@ -329,6 +381,7 @@ int main(void)
     make_prompts();
     test_logits();
     test_engine();
+    test_penalties();
     test_device_check();
     cllm_model_files_free(mf);
     return test_summary();

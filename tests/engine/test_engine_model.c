@@ -432,6 +432,44 @@ static void test_sampled_invariance(void)
     cllm_buf_free(&greedy[0]);
 }
 
+/* Penalties drawn the GPU's way -- each row carrying its sampler's seen tokens, and the token
+ * of the step in flight (run-ahead) named by unseen_output, counted by the model, which the
+ * CPU engine with run-ahead forced does as a device would -- give the host sampler's answers:
+ * greedy with a repetition penalty and OpenAI's presence and frequency penalties, batched. */
+static void test_penalties_run_ahead(void)
+{
+    enum { N = 6 };
+    struct cllm_sampling_params sp;
+    cllm_sampling_params_default(&sp);
+    sp.repetition_penalty = 1.2f;
+    sp.presence_penalty = -1.0f;
+    sp.frequency_penalty = 0.5f;
+    struct cllm_buf host[N] = {0}, ahead[N] = {0}, plain[N] = {0};
+    struct cllm_engine *e = engine(0, 256, 512, 0);
+    if (!e)
+        return;
+    run_sampled(e, N, N, host, NULL, &sp);
+    run(e, N, N, plain);
+    cllm_engine_free(e);
+    if (!(e = engine_modes(0, 256, 512, 0, 1, 1)))
+        return;
+    run_sampled(e, N, N, ahead, NULL, &sp);
+    cllm_engine_free(e);
+    int changed = 0;
+    for (int i = 0; i < N; i++) {
+        changed += plain[i].len != host[i].len || memcmp(plain[i].data, host[i].data, host[i].len);
+        CHECKF(host[i].len > 0 && ahead[i].len == host[i].len &&
+                   memcmp(ahead[i].data, host[i].data, host[i].len) == 0,
+               "question %d: penalized answer differs drawn the device's way:\n  host:  %s\n"
+               "  model: %s",
+               i, host[i].data, ahead[i].data);
+        cllm_buf_free(&host[i]);
+        cllm_buf_free(&ahead[i]);
+        cllm_buf_free(&plain[i]);
+    }
+    CHECKF(changed > 0, "the penalties changed no answer (were they used?)");
+}
+
 /* The cancel and limit tests' engine (context 128, a queue of 2; run_ahead > 0 forces overlap
  * and run-ahead on, else both off) and their requests: 100 tokens, no stop token. */
 static struct cllm_engine *small_engine(int32_t run_ahead, struct cllm_request_params *p)
@@ -517,6 +555,7 @@ int main(void)
     load_prompts();
     test_invariance();
     test_sampled_invariance();
+    test_penalties_run_ahead();
     test_cancel_and_limits();
     for (int i = 0; i < N_Q; i++)
         cllm_ids_free(&prompts[i]);

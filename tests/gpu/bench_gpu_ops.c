@@ -246,37 +246,49 @@ static void time_op(const struct op *o)
         print_row(o, t / (double)(iters * REPS) * 1e6);
 }
 
-/* Times an eager sample() of n rows: queue, then the sync that delivers the tokens. */
-static void time_sample(int32_t n, float temperature)
+/* Times an eager sample() of n rows: queue, then the sync that delivers the tokens; with
+ * seen > 0, Qwen's repetition penalty (1.1) over `seen` distinct tokens a row as well (the
+ * counts' upload and the penalty kernel). */
+static void time_sample(int32_t n, float temperature, int32_t seen)
 {
     if (!G->sample)
         return; /* the host samples for this backend */
     float *logits = dev_random((int64_t)n * VOCAB, CLLM_DTYPE_F32, 8.0f);
     struct cllm_sample_row *rows = calloc((size_t)n, sizeof *rows);
+    struct cllm_token_count *counts = calloc((size_t)n * (size_t)seen + 1, sizeof *counts);
     int32_t *tokens = malloc((size_t)n * 4);
-    for (int32_t i = 0; i < n; i++)
-        rows[i] = (struct cllm_sample_row){
-            temperature, temperature > 0 ? 20 : 0, temperature > 0 ? 0.8f : 1.0f, 0.0f, 1u + i, 0};
+    for (int32_t i = 0; i < n; i++) {
+        rows[i] = (struct cllm_sample_row){.temperature = temperature,
+                                           .top_k = temperature > 0 ? 20 : 0,
+                                           .top_p = temperature > 0 ? 0.8f : 1.0f,
+                                           .seed = 1u + (uint64_t)i,
+                                           .repetition_penalty = seen > 0 ? 1.1f : 1.0f,
+                                           .counts_at = i * seen,
+                                           .n_counts = seen};
+        for (int32_t k = 0; k < seen; k++) /* distinct tokens, spread over the vocabulary */
+            counts[i * seen + k] =
+                (struct cllm_token_count){(i * 7919 + k * 211) % VOCAB, (uint32_t)(k % 3)};
+    }
     enum cllm_status st = CLLM_OK;
     int iters = 0;
     double t0 = now_s();
     while (st == CLLM_OK && (iters < 5 || now_s() - t0 < 0.05)) {
-        st = G->sample(gpu, logits, n, VOCAB, rows, tokens);
+        st = G->sample(gpu, logits, n, VOCAB, rows, counts, tokens);
         if (st == CLLM_OK)
             st = G->sync(gpu);
         iters++;
     }
     double us = (now_s() - t0) / iters * 1e6;
     char name[64];
-    snprintf(name, sizeof name, "sample %s (eager, incl. sync)",
-             temperature > 0 ? "top-k/top-p" : "greedy");
+    snprintf(name, sizeof name, "sample %s%s (eager, incl. sync)",
+             temperature > 0 ? "top-k/top-p" : "greedy", seen > 0 ? " + rep." : "");
     if (st != CLLM_OK)
         print_failed(name, n, "", st);
     else
         printf("  %-34s %5d %9.2f %9.1f %9s\n", name, (int)n, us, (double)n * VOCAB * 4 / us * 1e-3,
                "-");
     G->dealloc(gpu, logits);
-    free(rows), free(tokens);
+    free(rows), free(counts), free(tokens);
 }
 
 /* A step's batch: n_seqs sequences whose query tokens are the last `q_per_seq` of `len`
@@ -478,9 +490,10 @@ int main(int argc, char **argv)
     bench_small_ops();
     bench_attention();
     bench_gemms();
-    time_sample(1, 0.0f);
-    time_sample(192, 0.0f);
-    time_sample(192, 0.7f);
+    time_sample(1, 0.0f, 0);
+    time_sample(192, 0.0f, 0);
+    time_sample(192, 0.7f, 0);
+    time_sample(192, 0.7f, 600); /* Qwen's defaults, ~600 tokens seen: prompt + answer */
     cllm_backend_free(gpu);
     return test_summary();
 }

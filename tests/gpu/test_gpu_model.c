@@ -136,7 +136,7 @@ static void decode_step(struct decode_step *d, const struct runner *r, int32_t n
         d->seq[s] = d->outs[s] = s;
         d->slot[s] = r->table[s][d->pos[s] / BLOCK] * BLOCK + d->pos[s] % BLOCK;
         memcpy(d->table[s], r->table[s], sizeof d->table[s]);
-        d->rows[s] = (struct cllm_sample_row){0.0f, 0, 1.0f, 0.0f, 1, (uint64_t)k};
+        d->rows[s] = (struct cllm_sample_row){.top_p = 1.0f, .seed = 1, .counter = (uint64_t)k};
     }
     d->st = (struct cllm_step){n_seqs,          d->tok, d->pos,         d->seq, d->slot,
                                &d->table[0][0], n_seqs, BLOCKS_PER_SEQ, n_seqs, d->outs};
@@ -156,7 +156,8 @@ static bool greedy(struct runner *r, int32_t n_seqs, int32_t *const *prompts, co
             out[s][k] = next[s];
         decode_step(&d, r, n_seqs, lens, k, next);
         const float *logits;
-        enum cllm_status rc = cllm_model_forward_sample(r->m, &r->kv, &d.st, d.rows, next, &logits);
+        enum cllm_status rc =
+            cllm_model_forward_sample(r->m, &r->kv, &d.st, d.rows, NULL, next, &logits);
         CHECKF(rc == CLLM_OK, "decode step failed: %d", (int)rc);
         if (rc)
             return false;
@@ -179,7 +180,7 @@ static bool greedy_ahead(struct runner *r, int32_t n_seqs, int32_t *const *promp
             struct decode_step d;
             decode_step(&d, r, n_seqs, lens, k, k == 0 ? first : refs);
             enum cllm_status rc =
-                cllm_model_launch_sample(r->m, &r->kv, &d.st, d.rows, drawn[k % 2]);
+                cllm_model_launch_sample(r->m, &r->kv, &d.st, d.rows, NULL, drawn[k % 2]);
             CHECKF(rc == CLLM_OK, "run-ahead: launching decode step %d failed: %d", (int)k,
                    (int)rc);
             if (rc)

@@ -633,9 +633,9 @@ static void test_draws(void)
     memset(rows, 0, sizeof rows);
     int32_t a[R], b[R], c[R];
     fill_i32(a, R, -7), fill_i32(b, R, -7), fill_i32(c, R, -7);
-    CHECK(G->sample(gpu, l_d, 2, V, rows, a) == CLLM_OK);
-    CHECK(G->sample(gpu, l_d + 2 * V, 3, V, rows, b) == CLLM_OK);
-    CHECK(G->sample(gpu, l_d, 1, V, rows, c) == CLLM_ERR_INVALID_ARG); /* a third */
+    CHECK(G->sample(gpu, l_d, 2, V, rows, NULL, a) == CLLM_OK);
+    CHECK(G->sample(gpu, l_d + 2 * V, 3, V, rows, NULL, b) == CLLM_OK);
+    CHECK(G->sample(gpu, l_d, 1, V, rows, NULL, c) == CLLM_ERR_INVALID_ARG); /* a third */
     /* -1 - k: token k of the newest draw (b, with a still queued); past its 3 rows: token 0 */
     int32_t refs[5] = {-1, 42, -3, -2, -4}, got[5];
     int32_t *t_d = dev_upload(refs, sizeof refs);
@@ -655,26 +655,83 @@ static void test_draws(void)
            (int)got[4]);
     /* sync writes both */
     fill_i32(a, R, -7), fill_i32(b, R, -7);
-    CHECK(G->sample(gpu, l_d + 4 * V, 2, V, rows, a) == CLLM_OK);
-    CHECK(G->sample(gpu, l_d, 1, V, rows, b) == CLLM_OK);
+    CHECK(G->sample(gpu, l_d + 4 * V, 2, V, rows, NULL, a) == CLLM_OK);
+    CHECK(G->sample(gpu, l_d, 1, V, rows, NULL, b) == CLLM_OK);
     CHECK(G->sync(gpu) == CLLM_OK);
     CHECK(a[0] == want[4] && a[1] == want[5] && b[0] == want[0]);
     CHECK(G->wait_draw(gpu) == CLLM_ERR_INVALID_ARG);
     /* the buffers grow (6 rows > 3) while a draw is in flight */
     fill_i32(a, R, -7), fill_i32(b, R, -7);
-    CHECK(G->sample(gpu, l_d + 5 * V, 1, V, rows, a) == CLLM_OK);
-    CHECK(G->sample(gpu, l_d, R, V, rows, b) == CLLM_OK);
+    CHECK(G->sample(gpu, l_d + 5 * V, 1, V, rows, NULL, a) == CLLM_OK);
+    CHECK(G->sample(gpu, l_d, R, V, rows, NULL, b) == CLLM_OK);
     CHECK(G->wait_draw(gpu) == CLLM_OK && a[0] == want[5]);
     CHECK(G->wait_draw(gpu) == CLLM_OK && memcmp(b, want, sizeof want) == 0);
     /* not while recording */
     bool replayed = true;
     CHECK(G->graph_begin(gpu, 77, &replayed) == CLLM_OK && !replayed);
-    CHECK(G->sample(gpu, l_d, 1, V, rows, c) == CLLM_ERR_INVALID_ARG);
+    CHECK(G->sample(gpu, l_d, 1, V, rows, NULL, c) == CLLM_ERR_INVALID_ARG);
     CHECK(G->resolve_tokens(gpu, t_d, 5) == CLLM_ERR_INVALID_ARG);
     CHECK(G->memzero(gpu, t_d, sizeof refs) == CLLM_OK);
     CHECK(G->graph_end(gpu, 77) == CLLM_OK && G->sync(gpu) == CLLM_OK);
     CHECK(c[0] == -7);
     G->dealloc(gpu, l_d), G->dealloc(gpu, t_d);
+    free(logits);
+}
+
+/* Penalties through the backend's draw: the rows' counts and a token of the previous draw
+ * (unseen_output) reach the device, also when the buffers grow under that draw (its device
+ * tokens carried over); the penalized greedy tokens are those of the host's cllm_penalize;
+ * rows that ask for what is not there are refused, queuing nothing. */
+static void test_draw_penalties(void)
+{
+    enum { V = 300, R = 16, H = R / 2 }; /* 8, then 16 rows: the buffers grow twice */
+    float *logits = randv(R * V, 1.0f);
+    float *l_d = dev_upload(logits, R * V * 4);
+    struct cllm_sample_row rows[R];
+    memset(rows, 0, sizeof rows);
+    int32_t first[H], got[R], top[R], want[R];
+    for (int r = 0; r < R; r++)
+        top[r] = test_argmax(logits + r * V, V);
+    fill_i32(first, H, -7);
+    CHECK(G->sample(gpu, l_d, H, V, rows, NULL, first) == CLLM_OK); /* first[r] = top[r] */
+    /* Strong penalties sink a token: even rows' own top token is in the prompt (counts);
+     * odd rows below H count their own top token as the previous draw's, odd rows from H on
+     * that of row r - H, besides their own in the prompt. */
+    struct cllm_token_count counts[R];
+    int32_t n_counts = 0;
+    for (int r = 0; r < R; r++) {
+        const bool listed = r % 2 == 0 || r >= H;
+        rows[r] = (struct cllm_sample_row){.repetition_penalty = 8.0f,
+                                           .presence_penalty = 2.0f,
+                                           .frequency_penalty = 3.0f,
+                                           .counts_at = n_counts,
+                                           .n_counts = listed,
+                                           .unseen_output = r % 2 ? 1 + r % H : 0};
+        if (listed)
+            counts[n_counts++] = (struct cllm_token_count){top[r], 0};
+        float *row = logits + r * V;
+        cllm_penalize(row, V, &counts[rows[r].counts_at], (size_t)rows[r].n_counts,
+                      r % 2 ? top[r % H] : -1, 8.0f, 2.0f, 3.0f);
+        want[r] = test_argmax(row, V);
+        if (r < H)
+            CHECK(want[r] != top[r]); /* sunk: the test can tell */
+    }
+    fill_i32(got, R, -7);
+    CHECK(G->sample(gpu, l_d, R, V, rows, counts, got) == CLLM_OK);
+    CHECK(G->wait_draw(gpu) == CLLM_OK && memcmp(first, top, sizeof first) == 0);
+    CHECK(G->wait_draw(gpu) == CLLM_OK);
+    for (int r = 0; r < R; r++)
+        CHECKF(got[r] == want[r], "row %d: penalized greedy token %d, want %d", r, (int)got[r],
+               (int)want[r]);
+    /* refused: the previous draw had R rows; counts missing; negative fields */
+    rows[0].unseen_output = R + 1;
+    CHECK(G->sample(gpu, l_d, 1, V, rows, counts, got) == CLLM_ERR_INVALID_ARG);
+    rows[0].unseen_output = 0;
+    CHECK(G->sample(gpu, l_d, 1, V, rows, NULL, got) == CLLM_ERR_INVALID_ARG);
+    rows[0].counts_at = -1;
+    CHECK(G->sample(gpu, l_d, 1, V, rows, counts, got) == CLLM_ERR_INVALID_ARG);
+    CHECK(G->wait_draw(gpu) == CLLM_ERR_INVALID_ARG); /* none of them was queued */
+    G->dealloc(gpu, l_d);
     free(logits);
 }
 
@@ -717,6 +774,7 @@ int main(void)
     CHECK(G->mem_info(gpu, &free_b, &total_b) == CLLM_OK && free_b > 0 && free_b <= total_b);
 
     test_draws();
+    test_draw_penalties();
 #ifdef CLLM_EMU_SHAPES
     /* Under the CPU's CUDA emulator (tests/emu, test_emu_backend): the same paths through the
      * backend at shapes the emulator runs in a minute; the kernels' own checks at the model's

@@ -40,6 +40,10 @@
 #define BENCH_REPS 10 /* launches timed per case; 0 skips the timings */
 #endif
 
+/* A row's processors, positionally: temperature, top_k, top_p, min_p, seed, counter. */
+#define ROW(t, k, p, m, s, c)                                                                  \
+    {.temperature = (t), .top_k = (k), .top_p = (p), .min_p = (m), .seed = (s), .counter = (c)}
+
 enum kind { PEAKED, FLAT, TIES, SPECIAL, ZEROS, TAIL, N_KINDS };
 
 /* One row of logits of a kind: PEAKED a bell with 40 peaks (like real logits), FLAT uniform in
@@ -186,20 +190,20 @@ static bool run(const float *d_logits, int32_t n, int32_t n_vocab,
 /* Parameters that reach every path of the kernel (at 151,936; small vocabs turn big k off). */
 static const struct cllm_sample_row CONFIGS[] = {
     /* T, top_k, top_p, min_p, seed, counter */
-    {1.0f, 0, 1.0f, 0.0f, 1, 0},      /* plain softmax: one pass */
-    {0.7f, 20, 0.8f, 0.0f, 2, 0},     /* Qwen2.5's generation_config */
-    {1.0f, 50, 1.0f, 0.0f, 3, 0},     /* top-k */
-    {1.3f, 0, 0.9f, 0.0f, 4, 0},      /* top-p: gap histogram */
-    {1.0f, 0, 1.0f, 0.05f, 5, 0},     /* min-p alone */
-    {0.8f, 40, 0.95f, 0.02f, 6, 0},   /* all three */
-    {1.0f, 0, 0.5f, 0.1f, 7, 0},      /* top-p and min-p */
-    {1.5f, 1, 1.0f, 0.0f, 8, 0},      /* top-k 1: the max and its ties */
-    {2.0f, 20000, 1.0f, 0.0f, 9, 0},  /* k past shared memory: exact top-k */
-    {3.0f, 0, 0.99f, 0.0f, 10, 0},    /* a wide nucleus: exact top-p */
-    {1.0f, 30000, 0.9f, 0.0f, 11, 0}, /* exact top-k then top-p */
-    {0.05f, 0, 1.0f, 0.0f, 12, 0},    /* cold */
-    {1.0f, 0, 1e-6f, 0.0f, 13, 0},    /* top-p keeps the top token only */
-    {1.0f, 0, 1.0f, 1.0f, 14, 0},     /* min-p 1: the max and its ties */
+    ROW(1.0f, 0, 1.0f, 0.0f, 1, 0),      /* plain softmax: one pass */
+    ROW(0.7f, 20, 0.8f, 0.0f, 2, 0),     /* Qwen2.5's generation_config */
+    ROW(1.0f, 50, 1.0f, 0.0f, 3, 0),     /* top-k */
+    ROW(1.3f, 0, 0.9f, 0.0f, 4, 0),      /* top-p: gap histogram */
+    ROW(1.0f, 0, 1.0f, 0.05f, 5, 0),     /* min-p alone */
+    ROW(0.8f, 40, 0.95f, 0.02f, 6, 0),   /* all three */
+    ROW(1.0f, 0, 0.5f, 0.1f, 7, 0),      /* top-p and min-p */
+    ROW(1.5f, 1, 1.0f, 0.0f, 8, 0),      /* top-k 1: the max and its ties */
+    ROW(2.0f, 20000, 1.0f, 0.0f, 9, 0),  /* k past shared memory: exact top-k */
+    ROW(3.0f, 0, 0.99f, 0.0f, 10, 0),    /* a wide nucleus: exact top-p */
+    ROW(1.0f, 30000, 0.9f, 0.0f, 11, 0), /* exact top-k then top-p */
+    ROW(0.05f, 0, 1.0f, 0.0f, 12, 0),    /* cold */
+    ROW(1.0f, 0, 1e-6f, 0.0f, 13, 0),    /* top-p keeps the top token only */
+    ROW(1.0f, 0, 1.0f, 1.0f, 14, 0),     /* min-p 1: the max and its ties */
 };
 #define N_CONFIGS ((int)(sizeof CONFIGS / sizeof CONFIGS[0]))
 
@@ -293,23 +297,23 @@ static void test_edges(void)
         struct cllm_sample_row row;
         int32_t want; /* -1: any token the host keeps */
     } cases[] = {
-        {{NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN}, {0, 0, 1, 0, 0, 0}, 0},
-        {{NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN}, {1, 0, 1, 0, 0, 0}, 0},
-        {{NAN, -INFINITY, NAN, -INFINITY, NAN, NAN, NAN, NAN}, {0, 0, 1, 0, 0, 0}, 1},
-        {{NAN, -INFINITY, NAN, -INFINITY, NAN, NAN, NAN, NAN}, {1, 5, 0.5f, 0.1f, 0, 0}, 0},
+        {{NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN}, ROW(0, 0, 1, 0, 0, 0), 0},
+        {{NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN}, ROW(1, 0, 1, 0, 0, 0), 0},
+        {{NAN, -INFINITY, NAN, -INFINITY, NAN, NAN, NAN, NAN}, ROW(0, 0, 1, 0, 0, 0), 1},
+        {{NAN, -INFINITY, NAN, -INFINITY, NAN, NAN, NAN, NAN}, ROW(1, 5, 0.5f, 0.1f, 0, 0), 0},
         {{-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY},
-         {0.5f, 0, 1, 0, 0, 0},
+         ROW(0.5f, 0, 1, 0, 0, 0),
          0},
-        {{1, INFINITY, 2, INFINITY, 3, 0, 0, 0}, {1, 0, 1, 0, 0, 0}, 1},
-        {{1, INFINITY, 2, INFINITY, 3, 0, 0, 0}, {0, 0, 1, 0, 0, 0}, 1},
-        {{1, 5, 2, 5, 3, 0, NAN, 0}, {0, 0, 1, 0, 0, 0}, 1},
-        {{-0.0f, 0.0f, -0.0f, 0.0f, -1, -1, -1, -1}, {0, 0, 1, 0, 0, 0}, 0},
-        {{1, 2e30f, 2, 1e30f, 3, 0, 0, 0}, {1e-10f, 0, 1, 0, 0, 0}, 1}, /* x overflows */
-        {{1, 3, 2, 3, 3, 0, 0, 0}, {1, 1, 1, 0, 0, 0}, -1},    /* top-k 1 keeps the 3 ties */
-        {{1, 3, 2, 3, 3, 0, 0, 0}, {1, 0, 1, 1, 0, 0}, -1},    /* min-p 1 as well */
-        {{1, 3, 2, 3, 3, 0, 0, 0}, {1, 0, 0.25f, 0, 0, 0}, 1}, /* top-p: the run's lowest id */
-        {{1, 3, 2, 3, 3, 0, 0, 0}, {1, 8, 1, 0, 0, 0}, -1},    /* k = n_vocab: off */
-        {{1, 3, 2, 3, 3, 0, 0, 0}, {1, 100, 1, 0, 0, 0}, -1},  /* k > n_vocab: off */
+        {{1, INFINITY, 2, INFINITY, 3, 0, 0, 0}, ROW(1, 0, 1, 0, 0, 0), 1},
+        {{1, INFINITY, 2, INFINITY, 3, 0, 0, 0}, ROW(0, 0, 1, 0, 0, 0), 1},
+        {{1, 5, 2, 5, 3, 0, NAN, 0}, ROW(0, 0, 1, 0, 0, 0), 1},
+        {{-0.0f, 0.0f, -0.0f, 0.0f, -1, -1, -1, -1}, ROW(0, 0, 1, 0, 0, 0), 0},
+        {{1, 2e30f, 2, 1e30f, 3, 0, 0, 0}, ROW(1e-10f, 0, 1, 0, 0, 0), 1}, /* x overflows */
+        {{1, 3, 2, 3, 3, 0, 0, 0}, ROW(1, 1, 1, 0, 0, 0), -1},    /* top-k 1 keeps the 3 ties */
+        {{1, 3, 2, 3, 3, 0, 0, 0}, ROW(1, 0, 1, 1, 0, 0), -1},    /* min-p 1 as well */
+        {{1, 3, 2, 3, 3, 0, 0, 0}, ROW(1, 0, 0.25f, 0, 0, 0), 1}, /* top-p: the run's lowest id */
+        {{1, 3, 2, 3, 3, 0, 0, 0}, ROW(1, 8, 1, 0, 0, 0), -1},    /* k = n_vocab: off */
+        {{1, 3, 2, 3, 3, 0, 0, 0}, ROW(1, 100, 1, 0, 0, 0), -1},  /* k > n_vocab: off */
     };
     const int n = (int)(sizeof cases / sizeof cases[0]);
     for (int c = 0; c < n; c++) {
@@ -335,7 +339,7 @@ static void test_edges(void)
 
     /* Arguments: nothing to do, and what the launcher refuses. */
     float *d = dev_copy(cases[0].l, sizeof cases[0].l);
-    struct cllm_sample_row row = {1, 0, 1, 0, 0, 0};
+    struct cllm_sample_row row = ROW(1, 0, 1, 0, 0, 0);
     struct cllm_sample_row *d_row = dev_copy(&row, sizeof row);
     int32_t *d_tok = NULL;
     if (d && d_row && ok(cudaMalloc((void **)&d_tok, sizeof *d_tok), "cudaMalloc")) {
@@ -349,6 +353,137 @@ static void test_edges(void)
     cudaFree(d_tok);
     cudaFree(d_row);
     cudaFree(d);
+}
+
+/* Penalties on the device (cllm_cuda_penalize) against the host's: each row's seen tokens
+ * from a real host sampler (prompt and generated tokens), plus one generated token the host
+ * has not recorded (unseen_output: from an earlier draw's device array) that is already
+ * generated, only in the prompt, or new; the penalized logits are the host's bit for bit, and
+ * the draws after them are the host sampler's (greedy: its token; Qwen's defaults: a token it
+ * keeps), the host sampler having recorded that token. */
+static void test_penalties(void)
+{
+    enum { N = 12, PROMPT = 30 };
+    static const int32_t vocabs[] = {100, BIG_VOCAB};
+    for (int v = 0; v < 2; v++) {
+        const int32_t nv = vocabs[v];
+        uint64_t x = 4242 + (uint64_t)v;
+        float *src = malloc((size_t)N * (size_t)nv * sizeof *src);
+        float *want = malloc((size_t)N * (size_t)nv * sizeof *want);
+        float *got = malloc((size_t)N * (size_t)nv * sizeof *got);
+        struct cllm_token_count *counts = malloc((size_t)N * (PROMPT + 40) * sizeof *counts);
+        struct cllm_sample_row rows[N];
+        struct cllm_sampler *after[N]; /* each row's sampler with the unseen token recorded */
+        int32_t prev[N];
+        size_t n_counts = 0;
+        memset(rows, 0, sizeof rows);
+        for (int i = 0; i < N; i++) {
+            make_row((enum kind)(i % N_KINDS), 900 + (uint64_t)i, src + (size_t)i * nv, nv);
+            struct cllm_sampling_params p;
+            cllm_sampling_params_default(&p);
+            const int mode = i % 4; /* repetition, presence + frequency, all three, none */
+            if (mode == 0 || mode == 2)
+                p.repetition_penalty = i % 8 < 4 ? 1.1f : 0.8f;
+            if (mode == 1 || mode == 2) {
+                p.presence_penalty = 0.5f + (float)i * 0.1f;
+                p.frequency_penalty = i % 3 == 0 ? -0.25f : 0.3f;
+            }
+            int32_t prompt[PROMPT];
+            for (int k = 0; k < PROMPT; k++)
+                prompt[k] = (int32_t)(test_splitmix(&x) % (uint64_t)nv);
+            struct cllm_sampler *before;
+            CHECK(cllm_sampler_new(&before, &p, nv, prompt, PROMPT) == CLLM_OK);
+            CHECK(cllm_sampler_new(&after[i], &p, nv, prompt, PROMPT) == CLLM_OK);
+            int32_t last = prompt[1];
+            for (int k = 0; k < 2 + i * 3; k++) { /* generated tokens, some of them repeated */
+                last = k % 4 == 3 ? last : (int32_t)(test_splitmix(&x) % (uint64_t)nv);
+                CHECK(cllm_sampler_accept(before, last) == CLLM_OK);
+                CHECK(cllm_sampler_accept(after[i], last) == CLLM_OK);
+            }
+            /* the unseen token: none, one generated before, one of the prompt's, a new one */
+            const int u = (i / 4 + i) % 4;
+            prev[i] = u == 1   ? last
+                      : u == 2 ? prompt[5]
+                               : (int32_t)(test_splitmix(&x) % (uint64_t)nv);
+            size_t n_seen;
+            const struct cllm_token_count *seen = cllm_sampler_seen(before, &n_seen);
+            memcpy(counts + n_counts, seen, n_seen * sizeof *seen);
+            rows[i].repetition_penalty = p.repetition_penalty;
+            rows[i].presence_penalty = p.presence_penalty;
+            rows[i].frequency_penalty = p.frequency_penalty;
+            rows[i].counts_at = (int32_t)n_counts;
+            rows[i].n_counts = (int32_t)n_seen;
+            rows[i].unseen_output = u > 0 && mode != 3 ? i + 1 : 0;
+            n_counts += n_seen;
+            float *w = want + (size_t)i * nv;
+            memcpy(w, src + (size_t)i * nv, (size_t)nv * sizeof *w);
+            if (mode != 3) {
+                cllm_penalize(w, nv, seen, n_seen, rows[i].unseen_output ? prev[i] : -1,
+                              p.repetition_penalty, p.presence_penalty, p.frequency_penalty);
+                if (rows[i].unseen_output)
+                    CHECK(cllm_sampler_accept(after[i], prev[i]) == CLLM_OK);
+            }
+            cllm_sampler_free(before);
+        }
+        const size_t bytes = (size_t)N * (size_t)nv * sizeof *src;
+        float *d = dev_copy(src, bytes);
+        struct cllm_sample_row *d_rows = dev_copy(rows, sizeof rows);
+        struct cllm_token_count *d_counts = dev_copy(counts, n_counts * sizeof *counts);
+        int32_t *d_prev = dev_copy(prev, sizeof prev);
+        if (d && d_rows && d_counts && d_prev &&
+            ok(cllm_cuda_penalize(d, N, nv, d_rows, d_counts, d_prev, NULL), "penalize") &&
+            ok(cudaMemcpy(got, d, bytes, cudaMemcpyDeviceToHost), "download")) {
+            for (int i = 0; i < N; i++) {
+                int32_t bad = -1;
+                for (int32_t t = 0; t < nv && bad < 0; t++) {
+                    const float a = got[(size_t)i * nv + t], b = want[(size_t)i * nv + t];
+                    if (!(isnan(a) && isnan(b)) && memcmp(&a, &b, sizeof a) != 0)
+                        bad = t;
+                }
+                CHECKF(bad < 0, "vocab %d row %d: token %d penalized to %.9g, the host %.9g",
+                       (int)nv, i, (int)bad, bad < 0 ? 0.0 : (double)got[(size_t)i * nv + bad],
+                       bad < 0 ? 0.0 : (double)want[(size_t)i * nv + bad]);
+            }
+            /* the draws after them: greedy, then Qwen's defaults */
+            int32_t tokens[N];
+            if (run(d, N, nv, rows, tokens))
+                for (int i = 0; i < N; i++) {
+                    float *l = malloc((size_t)nv * sizeof *l);
+                    memcpy(l, src + (size_t)i * nv, (size_t)nv * sizeof *l);
+                    const int32_t host = cllm_sampler_sample(after[i], l);
+                    CHECKF(tokens[i] == host, "vocab %d row %d: greedy %d, the host's %d", (int)nv,
+                           i, (int)tokens[i], (int)host);
+                    free(l);
+                }
+            struct cllm_sample_row qwen[N];
+            memcpy(qwen, rows, sizeof rows);
+            double *probs = malloc((size_t)nv * sizeof *probs);
+            for (int i = 0; i < N; i++)
+                qwen[i].temperature = 0.7f, qwen[i].top_k = 20, qwen[i].top_p = 0.8f,
+                qwen[i].seed = 5, qwen[i].counter = (uint64_t)i;
+            if (run(d, N, nv, qwen, tokens))
+                for (int i = 0; i < N; i++) {
+                    /* want holds the penalized row: the host's distribution over it */
+                    CHECK(host_probs(&qwen[i], want + (size_t)i * nv, nv, probs));
+                    CHECKF(probs[tokens[i]] > 0, "vocab %d row %d: token %d is not kept", (int)nv,
+                           i, (int)tokens[i]);
+                }
+            free(probs);
+        }
+        /* nothing to do */
+        CHECK(cllm_cuda_penalize(d, 0, nv, d_rows, d_counts, d_prev, NULL) == cudaSuccess);
+        CHECK(cllm_cuda_penalize(d, 1, 0, d_rows, d_counts, d_prev, NULL) == cudaErrorInvalidValue);
+        for (int i = 0; i < N; i++)
+            cllm_sampler_free(after[i]);
+        cudaFree(d_prev);
+        cudaFree(d_counts);
+        cudaFree(d_rows);
+        cudaFree(d);
+        free(counts);
+        free(got);
+        free(want);
+        free(src);
+    }
 }
 
 /* Counts of `draws` tokens drawn from one row (counters 0..draws-1) in launches of at most
@@ -420,10 +555,10 @@ static void test_frequencies(void)
     long count[NV];
     static const enum kind kinds[] = {PEAKED, FLAT, TIES};
     static const struct cllm_sample_row cfg[] = {
-        {1.0f, 0, 1.0f, 0.0f, 21, 0},  {0.7f, 20, 0.8f, 0.0f, 22, 0},
-        {1.0f, 10, 1.0f, 0.0f, 23, 0}, {1.3f, 0, 0.9f, 0.0f, 24, 0},
-        {1.0f, 0, 1.0f, 0.2f, 25, 0},  {0.8f, 40, 0.95f, 0.02f, 26, 0},
-        {2.0f, 0, 0.5f, 0.1f, 27, 0},
+        ROW(1.0f, 0, 1.0f, 0.0f, 21, 0),  ROW(0.7f, 20, 0.8f, 0.0f, 22, 0),
+        ROW(1.0f, 10, 1.0f, 0.0f, 23, 0), ROW(1.3f, 0, 0.9f, 0.0f, 24, 0),
+        ROW(1.0f, 0, 1.0f, 0.2f, 25, 0),  ROW(0.8f, 40, 0.95f, 0.02f, 26, 0),
+        ROW(2.0f, 0, 0.5f, 0.1f, 27, 0),
     };
     for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
         /* Spread the PEAKED row so that every rule cuts somewhere in 100 tokens. */
@@ -457,13 +592,13 @@ static void test_frequencies(void)
         enum kind kind;
         struct cllm_sample_row cfg;
     } bigcfg[] = {
-        {PEAKED, {0.7f, 20, 0.8f, 0.0f, 31, 0}},
-        {PEAKED, {1.0f, 0, 0.9f, 0.0f, 32, 0}},
-        {PEAKED, {1.0f, 0, 1.0f, 0.1f, 33, 0}},
-        {TAIL, {1.0f, 0, 0.95f, 0.0f, 34, 0}},    /* nucleus of ~100k: exact top-p, id cut */
-        {TAIL, {1.0f, 20000, 1.0f, 0.0f, 35, 0}}, /* exact top-k inside the run */
-        {TAIL, {1.0f, 0, 1.0f, 0.0f, 36, 0}},     /* plain softmax */
-        {TAIL, {1.0f, 30000, 0.9f, 0.0f, 37, 0}}, /* exact top-k, then top-p */
+        {PEAKED, ROW(0.7f, 20, 0.8f, 0.0f, 31, 0)},
+        {PEAKED, ROW(1.0f, 0, 0.9f, 0.0f, 32, 0)},
+        {PEAKED, ROW(1.0f, 0, 1.0f, 0.1f, 33, 0)},
+        {TAIL, ROW(1.0f, 0, 0.95f, 0.0f, 34, 0)},    /* nucleus of ~100k: exact top-p, id cut */
+        {TAIL, ROW(1.0f, 20000, 1.0f, 0.0f, 35, 0)}, /* exact top-k inside the run */
+        {TAIL, ROW(1.0f, 0, 1.0f, 0.0f, 36, 0)},     /* plain softmax */
+        {TAIL, ROW(1.0f, 30000, 0.9f, 0.0f, 37, 0)}, /* exact top-k, then top-p */
     };
     for (size_t c = 0; c < sizeof bigcfg / sizeof bigcfg[0]; c++) {
         make_row(bigcfg[c].kind, 5, big, BIG_VOCAB);
@@ -500,7 +635,7 @@ static void test_streams(void)
     struct cllm_sample_row rows[N];
     int32_t tok[N];
     for (int r = 0; r < N; r++)
-        rows[r] = (struct cllm_sample_row){1.0f, 0, 1.0f, 0.0f, 42, (uint64_t)(r % 8)};
+        rows[r] = (struct cllm_sample_row)ROW(1.0f, 0, 1.0f, 0.0f, 42, (uint64_t)(r % 8));
     if (d && run(d, N, NV, rows, tok)) {
         int same = 1, distinct = 0;
         for (int r = 8; r < N; r++)
@@ -547,13 +682,13 @@ static void bench(void)
         const char *name;
         struct cllm_sample_row cfg;
     } cases[] = {
-        {"greedy", {0.0f, 0, 1.0f, 0.0f, 1, 0}},
-        {"temperature", {1.0f, 0, 1.0f, 0.0f, 1, 0}},
-        {"top-k 20 + top-p 0.8", {0.7f, 20, 0.8f, 0.0f, 1, 0}},
-        {"top-p 0.95", {1.0f, 0, 0.95f, 0.0f, 1, 0}},
-        {"min-p 0.05", {1.0f, 0, 1.0f, 0.05f, 1, 0}},
-        {"top-k 50000 (exact)", {1.0f, 50000, 1.0f, 0.0f, 1, 0}},
-        {"top-p 0.99 T 3 (exact)", {3.0f, 0, 0.99f, 0.0f, 1, 0}},
+        {"greedy", ROW(0.0f, 0, 1.0f, 0.0f, 1, 0)},
+        {"temperature", ROW(1.0f, 0, 1.0f, 0.0f, 1, 0)},
+        {"top-k 20 + top-p 0.8", ROW(0.7f, 20, 0.8f, 0.0f, 1, 0)},
+        {"top-p 0.95", ROW(1.0f, 0, 0.95f, 0.0f, 1, 0)},
+        {"min-p 0.05", ROW(1.0f, 0, 1.0f, 0.05f, 1, 0)},
+        {"top-k 50000 (exact)", ROW(1.0f, 50000, 1.0f, 0.0f, 1, 0)},
+        {"top-p 0.99 T 3 (exact)", ROW(3.0f, 0, 0.99f, 0.0f, 1, 0)},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         for (int r = 0; r < N; r++) {
@@ -590,6 +725,7 @@ int main(void)
         return 77;
     }
     test_edges();
+    test_penalties();
     test_streams();
     test_shapes();
     test_frequencies();

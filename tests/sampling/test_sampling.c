@@ -240,6 +240,64 @@ static void random_row(uint64_t *x, float *l, int32_t n, double scale)
         l[i] = (float)((test_urand(x) - 0.5) * scale);
 }
 
+/* cllm_penalize, which a GPU sampler repeats: over the sampler's seen tokens and one more
+ * generated token not recorded yet (extra), the same bits as recording that token first; and
+ * the sampler's own greedy choice is the argmax of those values. */
+static void test_penalize_extra(void)
+{
+    enum { V = 64 };
+    uint64_t x = 77;
+    int checked = 0;
+    for (int c = 0; c < 300; c++) {
+        struct cllm_sampling_params p = params(0, 0, 1, 0, 1.0f);
+        const int mode = c % 4; /* repetition only, presence/frequency only, all, none */
+        if (mode == 0 || mode == 2)
+            p.repetition_penalty = (float)(0.5 + test_urand(&x));
+        if (mode == 1 || mode == 2) {
+            p.presence_penalty = (float)(test_urand(&x) * 4 - 2);
+            p.frequency_penalty = (float)(test_urand(&x) * 4 - 2);
+        }
+        int32_t prompt[12];
+        for (int i = 0; i < 12; i++)
+            prompt[i] = (int32_t)(test_splitmix(&x) % (V + 8)) - 4; /* some out of range */
+        struct cllm_sampler *a, *b;
+        CHECK(cllm_sampler_new(&a, &p, V, prompt, 12) == CLLM_OK);
+        CHECK(cllm_sampler_new(&b, &p, V, prompt, 12) == CLLM_OK);
+        const int n_gen = (int)(test_splitmix(&x) % 6);
+        for (int i = 0; i < n_gen; i++) {
+            int32_t t = (int32_t)(test_splitmix(&x) % V);
+            CHECK(cllm_sampler_accept(a, t) == CLLM_OK && cllm_sampler_accept(b, t) == CLLM_OK);
+        }
+        /* the extra token: one generated before, one of the prompt, or any */
+        const int32_t extra = c % 3 == 0 && n_gen ? (int32_t)(test_splitmix(&x) % V)
+                              : c % 3 == 1        ? (prompt[0] < 0 ? 0 : prompt[0] % V)
+                                                  : (int32_t)(test_splitmix(&x) % V);
+        float src[V], ours[V], want[V];
+        random_row(&x, src, V, 8.0);
+        src[c % V] = 0.0f;
+        memcpy(ours, src, sizeof src);
+        size_t n_seen;
+        const struct cllm_token_count *seen = cllm_sampler_seen(a, &n_seen);
+        CHECK(mode != 3 || n_seen == 0);
+        cllm_penalize(ours, V, seen, n_seen, extra, p.repetition_penalty, p.presence_penalty,
+                      p.frequency_penalty);
+        CHECK(cllm_sampler_accept(b, extra) == CLLM_OK);
+        seen = cllm_sampler_seen(b, &n_seen);
+        memcpy(want, src, sizeof src);
+        cllm_penalize(want, V, seen, n_seen, -1, p.repetition_penalty, p.presence_penalty,
+                      p.frequency_penalty);
+        CHECKF(memcmp(ours, want, sizeof ours) == 0,
+               "case %d: penalties with an extra token differ", c);
+        float l[V];
+        memcpy(l, src, sizeof src);
+        CHECKF(cllm_sampler_sample(b, l) == cllm_argmax(want, V), "case %d: greedy", c);
+        cllm_sampler_free(a);
+        cllm_sampler_free(b);
+        checked++;
+    }
+    CHECK(checked == 300);
+}
+
 static void test_determinism(void)
 {
     enum { N = 3000, STEPS = 200 };
@@ -692,6 +750,7 @@ int main(void)
     test_params_check();
     test_greedy();
     test_penalty_values();
+    test_penalize_extra();
     test_determinism();
     test_frequencies();
     test_against_reference();

@@ -83,6 +83,8 @@ struct cuda {
     int32_t sample_cap;
     void *sample_scratch;
     size_t sample_scratch_size;
+    void *counts_dev; /* the penalties' token counts of the newest draw */
+    size_t counts_size;
     /* RoPE frequencies of the last (theta, head_dim) asked for */
     struct cllm_cuda_rope_freqs freqs;
     float freqs_theta;
@@ -597,34 +599,105 @@ static enum cllm_status finish_draws(struct cuda *c, bool pop)
     return st;
 }
 
-/* Buffers for draws of n rows. Growing them first finishes the draws in flight. */
+/* Buffers for draws of n rows. Growing them first finishes the draws in flight; the newest
+ * draw's tokens are carried over, for the next step to read (resolve_tokens, a penalty's
+ * unseen output). */
 static enum cllm_status sample_buffers(struct cuda *c, int32_t n, int32_t n_vocab)
 {
     if (n > c->sample_cap) {
         if (c->n_draws > 0 && finish_draws(c, false) != CLLM_OK && c->n_draws == 0)
             return CLLM_ERR_DEVICE; /* the stream failed: nothing can be queued */
+        const int32_t kept_slot = c->last_draw;
+        int32_t *kept = NULL, kept_n = 0;
+        if (kept_slot >= 0) {
+            kept = c->draws[kept_slot].tokens_dev;
+            kept_n = c->draws[kept_slot].n;
+            c->draws[kept_slot].tokens_dev = NULL;
+        }
         free_sample_buffers(c);
-        TRY(check_cuda(cudaMalloc((void **)&c->rows_dev, (size_t)n * sizeof *c->rows_dev),
-                       "cudaMalloc (sampling)"));
-        for (int i = 0; i < 2; i++) {
+        enum cllm_status st =
+            check_cuda(cudaMalloc((void **)&c->rows_dev, (size_t)n * sizeof *c->rows_dev),
+                       "cudaMalloc (sampling)");
+        for (int i = 0; i < 2 && !st; i++) {
             struct draw *d = &c->draws[i];
-            TRY(check_cuda(cudaMalloc((void **)&d->tokens_dev, (size_t)n * sizeof(int32_t)),
-                           "cudaMalloc (sampling)"));
-            TRY(check_cuda(cudaMallocHost((void **)&d->tokens_host, (size_t)n * sizeof(int32_t)),
-                           "cudaMallocHost (sampling)"));
-            if (!d->done)
-                TRY(check_cuda(cudaEventCreateWithFlags(&d->done, cudaEventDisableTiming),
-                               "cudaEventCreate (sampling)"));
+            st = check_cuda(cudaMalloc((void **)&d->tokens_dev, (size_t)n * sizeof(int32_t)),
+                            "cudaMalloc (sampling)");
+            if (!st)
+                st = check_cuda(
+                    cudaMallocHost((void **)&d->tokens_host, (size_t)n * sizeof(int32_t)),
+                    "cudaMallocHost (sampling)");
+            if (!st && !d->done)
+                st = check_cuda(cudaEventCreateWithFlags(&d->done, cudaEventDisableTiming),
+                                "cudaEventCreate (sampling)");
+        }
+        if (!st && kept) {
+            st = check_cuda(cudaMemcpyAsync(c->draws[kept_slot].tokens_dev, kept,
+                                            (size_t)kept_n * sizeof(int32_t),
+                                            cudaMemcpyDeviceToDevice, c->stream),
+                            "copy (sampled tokens)");
+            if (!st)
+                st = check_cuda(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize");
+        }
+        cudaFree(kept);
+        if (st) {
+            free_sample_buffers(c);
+            return st;
         }
         c->sample_cap = n;
+        c->last_draw = kept_slot;
     }
     return grow_device_buffer(&c->sample_scratch, &c->sample_scratch_size,
                               cllm_cuda_sample_scratch_bytes(n, n_vocab), "cudaMalloc (sampling)");
 }
 
-static enum cllm_status cu_sample(struct cllm_backend *be, const float *logits, int32_t n,
+/* The penalties' part of a draw: checks rows against counts and the previous draw, uploads
+ * the counts and queues the penalty kernel (nothing when no row has penalties). rows_dev
+ * holds rows already. */
+static enum cllm_status queue_penalties(struct cuda *c, float *logits, int32_t n, int32_t n_vocab,
+                                        const struct cllm_sample_row *rows,
+                                        const struct cllm_token_count *counts)
+{
+    int64_t n_counts = 0;
+    bool any = false, unseen = false;
+    for (int32_t i = 0; i < n; i++) {
+        const struct cllm_sample_row *r = &rows[i];
+        if (r->counts_at < 0 || r->n_counts < 0 || r->unseen_output < 0)
+            return CLLM_ERR_INVALID_ARG;
+        const int64_t end = (int64_t)r->counts_at + r->n_counts;
+        if (r->n_counts > 0 && end > n_counts)
+            n_counts = end;
+        any |= r->n_counts > 0 || r->unseen_output > 0;
+        unseen |= r->unseen_output > 0;
+    }
+    if (!any)
+        return CLLM_OK;
+    if (n_counts > 0 && !counts)
+        return CLLM_ERR_INVALID_ARG;
+    const int32_t *prev = NULL;
+    if (unseen) {
+        if (c->last_draw < 0)
+            return CLLM_ERR_INVALID_ARG;
+        const struct draw *d = &c->draws[c->last_draw];
+        for (int32_t i = 0; i < n; i++)
+            if (rows[i].unseen_output > d->n)
+                return CLLM_ERR_INVALID_ARG;
+        prev = d->tokens_dev;
+    }
+    const size_t bytes = (size_t)n_counts * sizeof *counts;
+    TRY(grow_device_buffer(&c->counts_dev, &c->counts_size, bytes, "cudaMalloc (penalties)"));
+    if (bytes)
+        TRY(check_cuda(
+            cudaMemcpyAsync(c->counts_dev, counts, bytes, cudaMemcpyHostToDevice, c->stream),
+            "upload (penalties)"));
+    return check_cuda(cllm_cuda_penalize(logits, n, n_vocab, c->rows_dev,
+                                         (const struct cllm_token_count *)c->counts_dev, prev,
+                                         c->stream),
+                      "penalties");
+}
+
+static enum cllm_status cu_sample(struct cllm_backend *be, float *logits, int32_t n,
                                   int32_t n_vocab, const struct cllm_sample_row *rows,
-                                  int32_t *tokens)
+                                  const struct cllm_token_count *counts, int32_t *tokens)
 {
     struct cuda *c = cuda_of(be);
     if (n <= 0)
@@ -637,6 +710,7 @@ static enum cllm_status cu_sample(struct cllm_backend *be, const float *logits, 
     TRY(check_cuda(cudaMemcpyAsync(c->rows_dev, rows, (size_t)n * sizeof *rows,
                                    cudaMemcpyHostToDevice, c->stream),
                    "upload (sampling rows)"));
+    TRY(queue_penalties(c, logits, n, n_vocab, rows, counts));
     const int32_t slot = (c->draw_head + c->n_draws) % 2;
     struct draw *d = &c->draws[slot];
     TRY(check_cuda(cllm_cuda_sample(logits, n, n_vocab, c->rows_dev, d->tokens_dev,
@@ -759,6 +833,7 @@ static void cu_free(struct cllm_backend *be)
         if (c->draws[i].done)
             cudaEventDestroy(c->draws[i].done);
     cudaFree(c->sample_scratch);
+    cudaFree(c->counts_dev);
     cudaFree(c->gemm_scratch);
     cudaFree(c->blas_out);
     if (c->stream)
