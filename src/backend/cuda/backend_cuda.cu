@@ -30,6 +30,7 @@
 #include "backend/cuda/sample.h"
 
 extern "C" {
+#include "core/alloc.h"
 #include "core/f16.h"
 #include "core/log.h"
 #include "core/status.h"
@@ -56,6 +57,10 @@ struct draw {
     int32_t n, vocab;
     bool delivered;          /* dst written already (the buffers grew under it) ... */
     enum cllm_status status; /* ... with this outcome */
+    /* pinned staging of the draw's penalty counts: a pageable upload of ~1 MB could make the
+     * host wait for the queued step (no run-ahead); the slot is free, so nothing reads it */
+    struct cllm_token_count *counts_host;
+    size_t counts_cap;
 };
 
 struct cuda {
@@ -650,6 +655,27 @@ static enum cllm_status sample_buffers(struct cuda *c, int32_t n, int32_t n_voca
                               cllm_cuda_sample_scratch_bytes(n, n_vocab), "cudaMalloc (sampling)");
 }
 
+/* Where the n counts go up from: the free draw slot d's pinned buffer (grown; a copy made),
+ * or the caller's own array when pinned memory runs out. */
+static const void *stage_counts(struct draw *d, const struct cllm_token_count *counts, size_t n)
+{
+    if (n > d->counts_cap) {
+        const size_t cap = cllm_grow_cap(d->counts_cap, n, 16384);
+        cudaFreeHost(d->counts_host);
+        d->counts_host = NULL;
+        d->counts_cap = 0;
+        if (cudaMallocHost((void **)&d->counts_host, cap * sizeof *counts) != cudaSuccess) {
+            (void)cudaGetLastError(); /* not an error of the draw */
+            d->counts_host = NULL;
+            return counts;
+        }
+        d->counts_cap = cap;
+    }
+    if (n)
+        memcpy(d->counts_host, counts, n * sizeof *counts);
+    return d->counts_host;
+}
+
 /* The penalties' part of a draw: checks rows against counts and the previous draw, uploads
  * the counts and queues the penalty kernel (nothing when no row has penalties). rows_dev
  * holds rows already. */
@@ -685,10 +711,11 @@ static enum cllm_status queue_penalties(struct cuda *c, float *logits, int32_t n
     }
     const size_t bytes = (size_t)n_counts * sizeof *counts;
     TRY(grow_device_buffer(&c->counts_dev, &c->counts_size, bytes, "cudaMalloc (penalties)"));
+    const void *src = stage_counts(&c->draws[(c->draw_head + c->n_draws) % 2], counts,
+                                   (size_t)n_counts);
     if (bytes)
-        TRY(check_cuda(
-            cudaMemcpyAsync(c->counts_dev, counts, bytes, cudaMemcpyHostToDevice, c->stream),
-            "upload (penalties)"));
+        TRY(check_cuda(cudaMemcpyAsync(c->counts_dev, src, bytes, cudaMemcpyHostToDevice, c->stream),
+                       "upload (penalties)"));
     return check_cuda(cllm_cuda_penalize(logits, n, n_vocab, c->rows_dev,
                                          (const struct cllm_token_count *)c->counts_dev, prev,
                                          c->stream),
@@ -834,6 +861,8 @@ static void cu_free(struct cllm_backend *be)
             cudaEventDestroy(c->draws[i].done);
     cudaFree(c->sample_scratch);
     cudaFree(c->counts_dev);
+    for (int i = 0; i < 2; i++)
+        cudaFreeHost(c->draws[i].counts_host);
     cudaFree(c->gemm_scratch);
     cudaFree(c->blas_out);
     if (c->stream)
