@@ -741,6 +741,37 @@ static void bench(void)
         printf("sample() on %d logits, %-28s %.3f ms\n", QWEN_VOCAB, cfg[c].name, total / REPS);
         cllm_sampler_free(s);
     }
+    /* What a GPU step costs the engine for penalties: 192 requests' seen lists (500 distinct
+     * prompt tokens each, repetition 1.1) copied into one array, as build_sample_rows does. */
+    enum { SEQS = 192 };
+    struct cllm_sampling_params p = params(0.7f, 20, 0.8f, 0, 1.1f);
+    struct cllm_sampler *seqs[SEQS];
+    size_t total_seen = 0;
+    for (int i = 0; i < SEQS; i++) {
+        CHECK(cllm_sampler_new(&seqs[i], &p, QWEN_VOCAB, prompt, 500) == CLLM_OK);
+        size_t n;
+        cllm_sampler_seen(seqs[i], &n);
+        total_seen += n;
+    }
+    struct cllm_token_count *all = malloc(total_seen * sizeof *all);
+    double best = 1e9;
+    for (int r = 0; r < 20; r++) {
+        double t0 = now_ms();
+        size_t at = 0;
+        for (int i = 0; i < SEQS; i++) {
+            size_t n;
+            const struct cllm_token_count *seen = cllm_sampler_seen(seqs[i], &n);
+            memcpy(all + at, seen, n * sizeof *seen);
+            at += n;
+        }
+        best = fmin(best, now_ms() - t0);
+        CHECK(at == total_seen);
+    }
+    printf("penalty counts of %d sequences (%zu entries, %zu KiB) gathered in %.3f ms\n", SEQS,
+           total_seen, total_seen * sizeof *all / 1024, best);
+    for (int i = 0; i < SEQS; i++)
+        cllm_sampler_free(seqs[i]);
+    free(all);
     free(row);
     free(l);
 }
