@@ -32,7 +32,7 @@ extern "C" {
 #endif
 
 #include "cllm.h"
-#include "sampling/sampling.h"
+#include "core/token_count.h"
 #include "tensor/tensor.h"
 
 struct cllm_backend;
@@ -75,7 +75,7 @@ struct cllm_sample_row {
     uint64_t seed;     /* the request's random stream ... */
     uint64_t counter;  /* ... and the draw within it: a draw depends on nothing else */
     /* Penalties, on the tokens the request has seen: entries [counts_at, counts_at +
-     * n_counts) of the draw's counts (sampling.h), plus, when unseen_output = k + 1 > 0,
+     * n_counts) of the draw's counts (core/token_count.h), plus, when unseen_output = k + 1 > 0,
      * token k of the previous draw -- generated, but not known on the host yet (run-ahead). */
     float repetition_penalty; /* 0 or 1 = off */
     float presence_penalty;   /* 0 = off */

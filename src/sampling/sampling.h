@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "cllm.h"
+#include "core/token_count.h"
 
 struct cllm_sampling_params {
     float temperature;        /* 0 = greedy (argmax); otherwise > 0, logits are divided by it */
@@ -23,12 +24,6 @@ struct cllm_sampling_params {
     float presence_penalty;   /* [-2, 2]: logit -= presence if generated at least once (OpenAI) */
     float frequency_penalty;  /* [-2, 2]: logit -= frequency * times generated (OpenAI) */
     uint64_t seed;            /* same seed + same logits => same token sequence */
-};
-
-/* A distinct token a request has seen: the penalties' memory. */
-struct cllm_token_count {
-    int32_t token;
-    uint32_t count; /* times generated; 0 for a token seen only in the prompt */
 };
 
 /* The penalties, in place on logits[n_vocab], exactly as the sampler applies them (a GPU

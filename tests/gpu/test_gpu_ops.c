@@ -20,6 +20,7 @@
 #include "backend/cpu/ref.h"
 #include "core/f16.h"
 #include "core/status.h"
+#include "sampling/sampling.h"
 #include "test.h"
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
