@@ -9,7 +9,9 @@
  *     gen_llama_greedy.py): llama.cpp itself departs from transformers F32 after 5 and 14
  *     tokens on two prompts (its KV cache is F16), so agreement with it is bounded loosely:
  *     the first 4 tokens of every prompt;
- *   - paging: a shuffled block table and prompt chunking give bit-identical logits.
+ *   - paging: a shuffled block table and prompt chunking give bit-identical logits;
+ *   - a step run ahead with penalties (drawn as a GPU draws, on the CPU) counts the previous
+ *     step's token it has not seen.
  */
 #include <math.h>
 #include <stdio.h>
@@ -21,6 +23,7 @@
 #include "backend/backend.h"
 #include "core/mmap.h"
 #include "model/model.h"
+#include "sampling/sampling.h"
 #include "fixture_json.h"
 #include "test.h"
 
@@ -185,6 +188,66 @@ static void test_paging(struct runner *a, struct runner *b, const cJSON *c)
     free(lb);
 }
 
+/* A step drawn the way a GPU draws it, on the CPU (cllm_model_launch_sample without a device
+ * sampler): a prompt's step, then a decode step run ahead of it whose token is the prompt
+ * step's draw (-1) and whose row has penalties over some prompt tokens and over that same
+ * not-yet-seen token (unseen_output). Its token must be the argmax of the step's plain logits
+ * after cllm_penalize with that token as the extra one -- and (so that the check can fail)
+ * differ from the argmax without it. */
+static void test_run_ahead_penalties(struct runner *r, const cJSON *c)
+{
+    int32_t n;
+    int32_t *ids = test_json_ids(cJSON_GetObjectItem(c, "ids"), &n);
+    if (n > 48)
+        n = 48;
+    int32_t pos[48], seq[48], slot[48], outs[1] = {n - 1};
+    for (int32_t i = 0; i < n; i++) {
+        pos[i] = i;
+        seq[i] = 0;
+        slot[i] = r->table[i / BLOCK] * BLOCK + i % BLOCK;
+    }
+    struct cllm_step a = {n, ids, pos, seq, slot, r->table, 1, N_BLOCKS, 1, outs};
+    struct cllm_sample_row greedy = {0};
+    const struct cllm_token_count counts[3] = {{ids[0], 0}, {ids[n / 2], 0}, {ids[n - 1], 2}};
+    struct cllm_sample_row pen = {.repetition_penalty = 0.05f,
+                                  .presence_penalty = -2.0f,
+                                  .frequency_penalty = -2.0f,
+                                  .counts_at = 0,
+                                  .n_counts = 3,
+                                  .unseen_output = 1};
+    int32_t ref = -1, b_pos = n, b_seq = 0, b_slot = r->table[n / BLOCK] * BLOCK + n % BLOCK,
+            b_out = 0, tok_a = -1, tok_b = -1;
+    struct cllm_step b = {1, &ref, &b_pos, &b_seq, &b_slot, r->table, 1, N_BLOCKS, 1, &b_out};
+    const float *logits;
+    CHECK(cllm_model_launch_sample(r->m, &r->kv, &a, &greedy, NULL, &tok_a) == CLLM_OK);
+    CHECK(cllm_model_launch_sample(r->m, &r->kv, &b, &pen, counts, &tok_b) == CLLM_OK);
+    CHECK(cllm_model_wait_sample(r->m, &greedy, &tok_a, &logits) == CLLM_OK);
+    CHECK(cllm_model_wait_sample(r->m, &pen, &tok_b, &logits) == CLLM_OK);
+    /* the same decode step's plain logits (it writes the same cache slot the same way) */
+    b.tokens = &tok_a;
+    CHECK(cllm_model_forward(r->m, &r->kv, &b, &logits) == CLLM_OK);
+    float *with = malloc((size_t)r->n_vocab * sizeof *with);
+    float *without = malloc((size_t)r->n_vocab * sizeof *without);
+    memcpy(with, logits, (size_t)r->n_vocab * sizeof *with);
+    memcpy(without, logits, (size_t)r->n_vocab * sizeof *without);
+    cllm_penalize(with, r->n_vocab, counts, 3, tok_a, 0.05f, -2.0f, -2.0f);
+    cllm_penalize(without, r->n_vocab, counts, 3, -1, 0.05f, -2.0f, -2.0f);
+    const int32_t want = test_argmax(with, r->n_vocab), blind = test_argmax(without, r->n_vocab);
+    printf("run-ahead step with penalties: token %d (the previous token %d; %d without it)\n",
+           (int)tok_b, (int)tok_a, (int)blind);
+    CHECKF(tok_b == want, "run-ahead penalized token %d, want %d", (int)tok_b, (int)want);
+    CHECKF(want != blind, "the unseen token does not change the draw: the check is blind");
+    /* a row naming an output the previous step does not have is refused */
+    pen.unseen_output = 2;
+    CHECK(cllm_model_launch_sample(r->m, &r->kv, &a, &greedy, NULL, &tok_a) == CLLM_OK);
+    CHECK(cllm_model_launch_sample(r->m, &r->kv, &b, &pen, counts, &tok_b) ==
+          CLLM_ERR_INVALID_ARG);
+    CHECK(cllm_model_wait_sample(r->m, &greedy, &tok_a, &logits) == CLLM_OK);
+    free(with);
+    free(without);
+    free(ids);
+}
+
 int main(void)
 {
     char err[512];
@@ -222,6 +285,7 @@ int main(void)
          * does), so logits move by ~1% of their spread; near-ties may flip, most may not. */
         CHECKF(agree >= 0.90, "top-1 agreement %.3f", agree);
         CHECKF(st.min_cos >= 0.995, "cosine %.5f", st.min_cos);
+        test_run_ahead_penalties(&gguf, cJSON_GetArrayItem(cases, 0));
     }
     close_runner(&hf);
     close_runner(&hf2);
