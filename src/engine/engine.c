@@ -252,12 +252,6 @@ static void build_step(struct cllm_engine *e, struct cllm_step *st)
                              e->table, p->n_entries, width,  n_out,  e->outputs};
 }
 
-static bool has_penalties(const struct cllm_sampling_params *p)
-{
-    return p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f ||
-           p->frequency_penalty != 0.0f;
-}
-
 /* Room for n token counts in e->counts. */
 static bool reserve_counts(struct cllm_engine *e, size_t n)
 {
@@ -296,7 +290,7 @@ static bool build_sample_rows(struct cllm_engine *e, const struct cllm_plan *p,
                                         .min_p = sp->min_p,
                                         .seed = sp->seed,
                                         .counter = (uint64_t)(r->n_tokens - r->n_prompt)};
-        if (!has_penalties(sp))
+        if (!cllm_sampling_penalized(sp))
             continue;
         size_t n_seen;
         const struct cllm_token_count *seen = cllm_sampler_seen(r->sampler, &n_seen);

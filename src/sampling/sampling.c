@@ -155,6 +155,12 @@ static enum cllm_status record(struct cllm_sampler *s, int32_t token, bool gener
     return CLLM_OK;
 }
 
+bool cllm_sampling_penalized(const struct cllm_sampling_params *p)
+{
+    return p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f ||
+           p->frequency_penalty != 0.0f;
+}
+
 enum cllm_status cllm_sampler_new(struct cllm_sampler **out, const struct cllm_sampling_params *p,
                                   int32_t n_vocab, const int32_t *prompt, size_t n_prompt)
 {
@@ -170,8 +176,7 @@ enum cllm_status cllm_sampler_new(struct cllm_sampler **out, const struct cllm_s
     s->p = *p;
     s->n_vocab = n_vocab;
     s->top_k = p->top_k < n_vocab ? p->top_k : 0;
-    s->track = p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f ||
-               p->frequency_penalty != 0.0f;
+    s->track = cllm_sampling_penalized(p);
     uint64_t x = p->seed;
     for (int i = 0; i < 4; i++)
         s->rng[i] = splitmix64(&x);

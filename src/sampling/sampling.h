@@ -8,6 +8,7 @@
 #ifndef CLLM_SAMPLING_SAMPLING_H
 #define CLLM_SAMPLING_SAMPLING_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -33,6 +34,10 @@ struct cllm_sampling_params {
  * generated token, not in seen yet (its count goes up by one; a token not listed counts 1). */
 void cllm_penalize(float *logits, int32_t n_vocab, const struct cllm_token_count *seen, size_t n,
                    int32_t extra, float rep, float pres, float freq);
+
+/* Whether some penalty is on (repetition != 1, presence or frequency != 0): then the sampler
+ * keeps the tokens it has seen, and a device drawing for it needs them. */
+bool cllm_sampling_penalized(const struct cllm_sampling_params *p);
 
 /* Greedy with every processor off and seed 0. */
 void cllm_sampling_params_default(struct cllm_sampling_params *p);
