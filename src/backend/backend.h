@@ -84,6 +84,31 @@ struct cllm_sample_row {
     int32_t unseen_output;
 };
 
+/* What rows[0..n) ask of the penalties, checked as every drawer of rows checks it (a device
+ * backend's sample, the model's host imitation): no negative field, counts given when a row
+ * lists some. False on a bad row; else *n_counts = how many entries of counts the rows use
+ * and *max_unseen = the largest unseen_output (0: no row names the previous draw), for the
+ * caller to hold against the draw it has. */
+static inline bool cllm_sample_rows_check(const struct cllm_sample_row *rows, int32_t n,
+                                          const struct cllm_token_count *counts,
+                                          int64_t *n_counts, int32_t *max_unseen)
+{
+    *n_counts = 0;
+    *max_unseen = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const struct cllm_sample_row *r = &rows[i];
+        if (r->counts_at < 0 || r->n_counts < 0 || r->unseen_output < 0 ||
+            (r->n_counts > 0 && !counts))
+            return false;
+        const int64_t end = (int64_t)r->counts_at + r->n_counts;
+        if (r->n_counts > 0 && end > *n_counts)
+            *n_counts = end;
+        if (r->unseen_output > *max_unseen)
+            *max_unseen = r->unseen_output;
+    }
+    return true;
+}
+
 struct cllm_backend_iface {
     const char *name;
     enum cllm_dtype act_dtype; /* see the top of this file */

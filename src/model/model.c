@@ -707,20 +707,6 @@ static struct flight *flight_at(struct cllm_model *m, int32_t i)
     return &m->flights[(m->flight_head + i) % 2];
 }
 
-/* Checks what the rows ask of the penalties as a device backend does: counts in range, and
- * unseen outputs only of a previous step (prev_n outputs; 0: none). */
-static enum cllm_status check_penalties(const struct cllm_sample_row *rows, int32_t n,
-                                        const struct cllm_token_count *counts, int32_t prev_n)
-{
-    for (int32_t i = 0; i < n; i++) {
-        const struct cllm_sample_row *r = &rows[i];
-        if (r->counts_at < 0 || r->n_counts < 0 || r->unseen_output < 0 ||
-            (r->n_counts > 0 && !counts) || r->unseen_output > prev_n)
-            return CLLM_ERR_INVALID_ARG;
-    }
-    return CLLM_OK;
-}
-
 /* Without a device sampler the step runs now and its rows are drawn on the host: the queue
  * then only orders what the caller sees, exactly as a device would. */
 static enum cllm_status run_and_draw_on_host(struct cllm_model *m, struct cllm_kv_cache *kv,
@@ -731,16 +717,18 @@ static enum cllm_status run_and_draw_on_host(struct cllm_model *m, struct cllm_k
 {
     struct cllm_step s = *step;
     const int32_t *prev = m->n_flights > 0 ? flight_at(m, m->n_flights - 1)->drawn : NULL;
-    enum cllm_status st = check_penalties(rows, step->n_outputs, counts,
-                                          prev ? flight_at(m, m->n_flights - 1)->n_outputs : 0);
-    if (st)
-        return st;
+    /* as a device backend checks them: unseen outputs only of the previous step's */
+    int64_t n_counts;
+    int32_t max_unseen;
+    if (!cllm_sample_rows_check(rows, step->n_outputs, counts, &n_counts, &max_unseen) ||
+        max_unseen > (prev ? flight_at(m, m->n_flights - 1)->n_outputs : 0))
+        return CLLM_ERR_INVALID_ARG;
     if (prev) { /* references to the previous step: its tokens are known here */
         for (int32_t t = 0; t < step->n_tokens; t++)
             m->resolved[t] = step->tokens[t] < 0 ? prev[-1 - step->tokens[t]] : step->tokens[t];
         s.tokens = m->resolved;
     }
-    st = forward_checked(m, kv, &s);
+    enum cllm_status st = forward_checked(m, kv, &s);
     size_t V = (size_t)m->hp.n_vocab;
     /* In place: only the caller's rows of logits are promised to the caller (model.h). */
     for (int32_t i = 0; st == CLLM_OK && i < step->n_outputs; i++) {

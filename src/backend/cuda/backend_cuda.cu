@@ -683,31 +683,17 @@ static enum cllm_status queue_penalties(struct cuda *c, float *logits, int32_t n
                                         const struct cllm_sample_row *rows,
                                         const struct cllm_token_count *counts)
 {
-    int64_t n_counts = 0;
-    bool any = false, unseen = false;
-    for (int32_t i = 0; i < n; i++) {
-        const struct cllm_sample_row *r = &rows[i];
-        if (r->counts_at < 0 || r->n_counts < 0 || r->unseen_output < 0)
-            return CLLM_ERR_INVALID_ARG;
-        const int64_t end = (int64_t)r->counts_at + r->n_counts;
-        if (r->n_counts > 0 && end > n_counts)
-            n_counts = end;
-        any |= r->n_counts > 0 || r->unseen_output > 0;
-        unseen |= r->unseen_output > 0;
-    }
-    if (!any)
-        return CLLM_OK;
-    if (n_counts > 0 && !counts)
+    int64_t n_counts;
+    int32_t max_unseen;
+    if (!cllm_sample_rows_check(rows, n, counts, &n_counts, &max_unseen))
         return CLLM_ERR_INVALID_ARG;
+    if (n_counts == 0 && max_unseen == 0)
+        return CLLM_OK; /* no row has penalties */
     const int32_t *prev = NULL;
-    if (unseen) {
-        if (c->last_draw < 0)
+    if (max_unseen > 0) {
+        if (c->last_draw < 0 || max_unseen > c->draws[c->last_draw].n)
             return CLLM_ERR_INVALID_ARG;
-        const struct draw *d = &c->draws[c->last_draw];
-        for (int32_t i = 0; i < n; i++)
-            if (rows[i].unseen_output > d->n)
-                return CLLM_ERR_INVALID_ARG;
-        prev = d->tokens_dev;
+        prev = c->draws[c->last_draw].tokens_dev;
     }
     const size_t bytes = (size_t)n_counts * sizeof *counts;
     TRY(grow_device_buffer(&c->counts_dev, &c->counts_size, bytes, "cudaMalloc (penalties)"));
