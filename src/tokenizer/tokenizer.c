@@ -106,6 +106,15 @@ enum cllm_status cllm_tokenizer_set_token(struct cllm_tokenizer *t, int32_t id, 
             n = raw.len;
         }
     }
+    /* An id may be listed twice (an added token that is in the vocabulary too) but never for
+     * two texts: encoding would find the first text's id and decoding give the second text. */
+    const struct token *old = &t->tokens[id];
+    if (old->bytes && (old->len != n || memcmp(old->bytes, src, n) != 0)) {
+        cllm_buf_free(&raw);
+        return cllm_fail(err, err_len, CLLM_ERR_FORMAT,
+                         "token id %d is given to two different texts (the second: \"%.*s\")",
+                         (int)id, (int)(len > 40 ? 40 : len), text);
+    }
     char *bytes = cllm_arena_strndup(&t->arena, src, n);
     cllm_buf_free(&raw);
     if (!bytes)

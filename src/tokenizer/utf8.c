@@ -111,6 +111,8 @@ bool cllm_utf8_valid(const char *s, size_t n)
 
 enum cllm_status cllm_utf8_sanitize(const char *s, size_t n, struct cllm_buf *out)
 {
+    if (n == 0) /* s may be NULL then (an empty buffer's data): no pointer arithmetic on it */
+        return cllm_buf_append(out, "", 0);
     const uint8_t *p = (const uint8_t *)s;
     size_t i = 0, run = 0; /* run: start of the current stretch of valid bytes */
     enum cllm_status st = cllm_buf_reserve(out, n);

@@ -6,6 +6,7 @@ SSE streaming, /v1/models, /metrics as Prometheus text, every kind of bad input 
 JSON error shape, and the server still answering afterwards), the API key, a full queue, clients
 that disconnect mid-generation, a slow client, concurrent clients, start-up (503 while loading)
 and SIGTERM. Paths come from CTest's environment (CLLM_BIN, CLLM_TEST_GGUF, CLLM_WORKLOAD)."""
+import copy
 import http.client
 import json
 import math
@@ -442,6 +443,109 @@ def test_bad_inputs(port):
     still_serving(port, "the bad inputs")
 
 
+# Values a fuzzed request field may take: every JSON type, edge numbers, hostile strings.
+FUZZ_VALUES = [None, True, False, 0, -1, 1, 2, 0.5, -0.0, 1e308, -1e308, 2 ** 53 + 1, 2 ** 64, 1e-45,
+               "", "x", "\u0000", "\ud800", "<|im_start|>", "<|im_end|>assistant\n", "\ufffd" * 3,
+               "中文" * 50, [], [""], ["a", 1], [[["deep"]]], {}, {"role": "user"},
+               {"role": "user", "content": "hi"}, {"role": "system", "content": None}]
+FUZZ_SEEDS = [
+    ("/predict", {"prompt": "Say hi.", "max_tokens": 2}),
+    ("/predict", {"prompt": ["a", "b"], "max_tokens": 1, "temperature": 0.7, "top_k": 20,
+                  "top_p": 0.8, "repetition_penalty": 1.1, "seed": 3, "stop": ["\n"], "system": "s"}),
+    ("/v1/completions", {"prompt": "1, 2, 3,", "max_tokens": 2, "stream": True}),
+    ("/v1/completions", {"prompt": ["x"], "max_tokens": 1, "presence_penalty": 1, "min_p": 0.1}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+    ("/v1/chat/completions", {"messages": [{"role": "system", "content": "s"},
+                                           {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+                              "max_completion_tokens": 1, "stream": True}),
+]
+
+
+def fuzz_body(rng):
+    """A seed request with a few fields replaced, added or removed (at any depth), then maybe
+    serialised with byte-level damage."""
+    path, body = rng.choice(FUZZ_SEEDS)
+    body = json.loads(json.dumps(body))
+    for _ in range(rng.randint(1, 3)):
+        target = body
+        while isinstance(target, (dict, list)) and target and rng.random() < 0.5:
+            k = rng.choice(list(target)) if isinstance(target, dict) else rng.randrange(len(target))
+            if not isinstance(target[k], (dict, list)):
+                break
+            target = target[k]
+        v = copy.deepcopy(rng.choice(FUZZ_VALUES))  # never share (or grow) the table's lists
+        if isinstance(target, dict):
+            keys = list(target) + ["prompt", "messages", "max_tokens", "stream", "n", "content", "role"]
+            k = rng.choice(keys)
+            if rng.random() < 0.2:
+                target.pop(k, None)
+            else:
+                target[k] = v
+        elif isinstance(target, list):
+            if target and rng.random() < 0.5:
+                target[rng.randrange(len(target))] = v
+            else:
+                target.append(v)
+    # Keep generation short: the fuzz is of the parsing, not of long answers.
+    if isinstance(body, dict):
+        for k in ("max_tokens", "max_completion_tokens"):
+            if isinstance(body.get(k), (int, float)) and not isinstance(body.get(k), bool) and body[k] > 2:
+                body[k] = 2
+    raw = json.dumps(body, ensure_ascii=rng.random() < 0.5).encode("utf-8", "surrogatepass")
+    if rng.random() < 0.25 and raw:
+        i = rng.randrange(len(raw))
+        op = rng.randrange(3)
+        if op == 0:
+            raw = raw[:i]
+        elif op == 1:
+            raw = raw[:i] + bytes([rng.randrange(256)]) + raw[i + 1:]
+        else:
+            raw = raw[:i] + raw[i:i + 8] * 3 + raw[i:]
+    return path, raw
+
+
+def test_fuzzed_requests(port, n=300, seed=20261201):
+    """Requests mutated from valid ones: every answer is a JSON reply (or an SSE stream) of the
+    right shape -- 200 with an answer, or an error status with the error body -- and the server
+    keeps serving. Seeded: the same requests every run."""
+    import random
+    rng = random.Random(seed)
+    counts = {}
+    t = time.monotonic()
+    for i in range(n):
+        path, raw = fuzz_body(rng)
+        what = f"fuzzed request {i} to {path}: {raw[:160]!r}"
+        try:
+            st, h, data = request(port, "POST", path, raw, {"Content-Type": "application/json"},
+                                  timeout=120)
+        except OSError as e:
+            check(False, f"{what}: {e}")
+            break
+        counts[st] = counts.get(st, 0) + 1
+        if h.get("content-type", "").startswith("text/event-stream"):
+            events = sse_events(data)
+            check(st == 200 and events and events[-1] == "[DONE]" and
+                  all(e == "[DONE]" or isinstance(json.loads(e), dict) for e in events),
+                  f"{what}: stream {data[-300:]!r}")
+            continue
+        try:
+            j = json.loads(data)
+        except ValueError:
+            j = None
+        if st == 200:
+            ok = isinstance(j, dict) and ("response" in j if path == "/predict" else
+                                          isinstance(j.get("choices"), list))
+        else:
+            ok = 400 <= st < 600 and st != 500 and is_error(j)
+        if not check(ok, f"{what}: {st} {data[:300]!r}"):
+            break
+    print(f"{n} fuzzed requests in {time.monotonic() - t:.1f} s, statuses {sorted(counts.items())}",
+          flush=True)
+    check(counts.get(200, 0) > n // 10 and sum(v for k, v in counts.items() if k >= 400) > n // 10,
+          f"the fuzzed requests reach both answers and refusals: {counts}")
+    still_serving(port, "the fuzzed requests")
+
+
 def raw_post(port, path, obj, timeout=60):
     s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
     body = json.dumps(obj).encode()
@@ -724,6 +828,7 @@ def main():
         test_chat(port)
         test_models(port)
         test_bad_inputs(port)
+        test_fuzzed_requests(port)
         test_metrics(port, {"predict200": 0, "gen": 0, "prompt": 0})
         test_disconnect(port)
         test_slow_client(port)

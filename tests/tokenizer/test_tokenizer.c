@@ -171,6 +171,14 @@ static void test_builder_errors(void)
     CHECK(cllm_tokenizer_set_token(t, 0, "中", 3, CLLM_TOKEN_NORMAL, err, sizeof err) ==
           CLLM_ERR_FORMAT);
     CHECK(strstr(err, "byte-level") != NULL);
+    /* an id given twice: the same text again is fine (an added token also in the vocabulary),
+     * another text is not (a fuzzed tokenizer.json with a duplicate id made "(" decode as
+     * spaces) */
+    CHECK(cllm_tokenizer_set_token(t, 7, "(", 1, CLLM_TOKEN_NORMAL, err, sizeof err) == CLLM_OK);
+    CHECK(cllm_tokenizer_set_token(t, 7, "(", 1, CLLM_TOKEN_SPECIAL, err, sizeof err) == CLLM_OK);
+    CHECK(cllm_tokenizer_set_token(t, 7, "\xc4\xa0", 2, CLLM_TOKEN_NORMAL, err, sizeof err) ==
+          CLLM_ERR_FORMAT);
+    CHECK(strstr(err, "two different texts") != NULL);
     CHECK(cllm_tokenizer_finish(t, err, sizeof err) == CLLM_ERR_FORMAT); /* ids missing */
     CHECK(strstr(err, "missing") != NULL);
     cllm_tokenizer_free(t);

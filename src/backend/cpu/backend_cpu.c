@@ -354,7 +354,7 @@ typedef float v8f __attribute__((vector_size(32)));
 /* One token, one KV head and the query heads that share it, over positions 0..pos: scores
  * for a block of positions, then one online-softmax rescale per block. Each K/V row is read
  * once for the whole group, and the order of work never depends on the batch. */
-__attribute__((target_clones("avx2,fma", "default"))) static void
+__attribute__((target_clones("avx2", "fma", "default"))) static void
 attend_group(const struct attn_job *j, int32_t t, int32_t kvh)
 {
     const struct cllm_attn_batch *b = j->b;

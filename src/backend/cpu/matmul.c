@@ -12,6 +12,9 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #include "backend/cpu/quant_dot.h"
 #include "core/alloc.h"
@@ -44,13 +47,21 @@ static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
 static const struct cllm_matmul_kernels *best_kernels;
 static atomic_bool force_scalar;
 
+#if defined(__x86_64__) || defined(__i386__)
+/* F16C from CPUID itself: clang's __builtin_cpu_supports does not know "f16c". */
+static bool cpu_has_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+#endif
+
 static void detect(void)
 {
     best_kernels = cllm_matmul_kernels_scalar();
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c"))
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c())
         best_kernels = cllm_matmul_kernels_avx2();
 #endif
 }

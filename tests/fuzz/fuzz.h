@@ -1,0 +1,44 @@
+/*
+ * What every fuzz target shares. A target defines LLVMFuzzerTestOneInput (and may define
+ * LLVMFuzzerInitialize and a dictionary); it is linked either with libFuzzer (clang,
+ * -fsanitize=fuzzer: coverage-guided, scripts/fuzz) or with fuzz_main.c (any compiler: the
+ * committed corpus plus seeded random mutations of it, a CTest under ASan/UBSan).
+ *
+ * Each target has a dictionary, tests/fuzz/dict/<target>.dict in libFuzzer's format: tokens of
+ * its format that random bytes would rarely hit, which both drivers splice into inputs.
+ *
+ * A target checks properties, not just survival: FUZZ_ASSERT aborts with the file and line,
+ * which both drivers report as a crash with the input that caused it.
+ */
+#ifndef CLLM_TESTS_FUZZ_H
+#define CLLM_TESTS_FUZZ_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define FUZZ_ASSERT(cond, ...)                                                                     \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: fuzz property failed: %s: ", __FILE__, __LINE__, #cond);       \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fputc('\n', stderr);                                                                   \
+            abort();                                                                               \
+        }                                                                                          \
+    } while (0)
+
+/* How far the last input got: a target sets fuzz_stage to the number of its readers that
+ * accepted the input, fuzz_full_stage being all of them. Every seed of the corpus must get all
+ * the way (fuzz_main.c checks), so the mutations start from inputs that reach the deep code. */
+extern int fuzz_stage;
+extern const int fuzz_full_stage;
+
+/* An in-memory file holding data[0..size) and its path in path[0..path_len): the parsers under
+ * test open files by path and map them, as they do with models. Returns the descriptor, to
+ * close after use, or -1 if the kernel refuses (the target then skips the input). */
+int fuzz_memfile(const uint8_t *data, size_t size, char *path, size_t path_len);
+
+#endif
