@@ -9,10 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/sched_fake.h"
 #include "engine/scheduler.h"
 #include "test.h"
 
-#define VOCAB 1000
+#define VOCAB SCHED_FAKE_VOCAB
 
 static struct cllm_request *make(uint64_t id, const int32_t *prompt, int32_t n, int32_t max_tokens)
 {
@@ -27,50 +28,13 @@ static struct cllm_request *make(uint64_t id, const int32_t *prompt, int32_t n, 
     return r;
 }
 
-/* The fake model: the next token depends only on the sequence so far. */
-static int32_t fake_next(const struct cllm_request *r)
-{
-    uint32_t h = 2166136261u;
-    for (int32_t i = 0; i < r->n_tokens; i++)
-        h = (h ^ (uint32_t)r->tokens[i]) * 16777619u;
-    return (int32_t)(h % VOCAB);
-}
-
-/* Checks the plan; returns false on a violated rule. */
-static bool plan_ok(const struct cllm_scheduler *s)
-{
-    const struct cllm_plan *p = &s->plan;
-    int32_t bs = s->pool.block_size, total = 0;
-    if (p->n_entries > s->max_seqs)
-        return false;
-    for (int32_t i = 0; i < p->n_entries; i++) {
-        const struct cllm_sched_entry *e = &p->entries[i];
-        const struct cllm_request *r = e->req;
-        total += e->n_new;
-        if (e->n_new < 1 || e->start != r->n_computed || e->start + e->n_new > r->n_tokens)
-            return false;
-        if ((e->start + e->n_new + bs - 1) / bs > r->n_blocks)
-            return false;
-        for (int32_t b = 0; b < r->n_blocks; b++) {
-            int32_t id = r->blocks[b];
-            if (id < 0 || id >= s->pool.n_blocks || s->pool.refcount[id] < 1)
-                return false;
-            /* A block written in this step must not be shared. */
-            bool written = (b + 1) * bs > e->start;
-            if (written && s->pool.refcount[id] != 1)
-                return false;
-        }
-    }
-    return total == p->n_tokens && total <= s->max_batch_tokens;
-}
-
 /* Runs steps until every request has finished; returns the number of steps. */
 static int run_all(struct cllm_scheduler *s, struct cllm_request **reqs, int n, int max_steps)
 {
     int steps = 0, done = 0;
     while (done < n && steps < max_steps) {
         cllm_scheduler_schedule(s);
-        CHECK(plan_ok(s));
+        CHECK(sched_plan_ok(s));
         if (s->plan.n_entries == 0) {
             CHECK(!"no progress");
             break;
@@ -83,7 +47,7 @@ static int run_all(struct cllm_scheduler *s, struct cllm_request **reqs, int n, 
             struct cllm_request *r = plan[i].req;
             if (!plan[i].sample)
                 continue;
-            cllm_request_append(r, fake_next(r));
+            cllm_request_append(r, sched_fake_next(r));
             if (r->n_tokens >= r->max_total) {
                 cllm_request_finish(r, CLLM_FINISH_LENGTH, NULL);
                 cllm_scheduler_remove(s, r);
@@ -101,7 +65,7 @@ static void expected_tokens(const int32_t *prompt, int32_t n, int32_t max_tokens
 {
     struct cllm_request *r = make(999, prompt, n, max_tokens);
     for (int32_t i = 0; i < max_tokens; i++) {
-        out[i] = fake_next(r);
+        out[i] = sched_fake_next(r);
         cllm_request_append(r, out[i]);
     }
     cllm_request_release(r);

@@ -3,7 +3,9 @@
  * error text, and what it accepts must be safe to walk: every metadata value and array element
  * read, every tensor's bytes inside the file. Then the whole model opening on top of it
  * (hyperparameters, the tokenizer from metadata, the chat template, the tensor checks), which
- * trusts what the reader accepted.
+ * trusts what the reader accepted, and a model that passes them is loaded on the CPU backend
+ * and runs a forward step: any weight bytes (NaN or infinite scales included) must give
+ * logits, never a crash, and an argmax inside the vocabulary.
  */
 #include "fuzz.h"
 
@@ -11,11 +13,55 @@
 #include <unistd.h>
 
 #include "model/gguf.h"
+#include "model/model.h"
 #include "model/model_files.h"
+#include "sampling/sampling.h"
 #include "tokenizer/chat_template.h"
 
-/* the GGUF reader, the model's files, the tensor checks */
-const int fuzz_full_stage = 3;
+/* the GGUF reader, the model's files, the tensor checks, a forward step */
+const int fuzz_full_stage = 4;
+
+static struct cllm_backend *cpu;
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc;
+    (void)argv;
+    const struct cllm_backend_options o = {CLLM_BACKEND_CPU, 1, 0};
+    char err[256];
+    FUZZ_ASSERT(cllm_backend_new(&cpu, &o, err, sizeof err) == CLLM_OK, "CPU backend: %s", err);
+    return 0;
+}
+
+/* Three tokens of one sequence through the model: logits for the last two. Only small models
+ * (the seeds' size): a mutated file may claim a huge one, which would just be slow. */
+static void forward_step(const struct cllm_model_files *mf)
+{
+    const struct cllm_hparams *hp = &mf->hp;
+    if ((int64_t)hp->n_embd * hp->n_ff * hp->n_layer > (1 << 20) || hp->n_vocab > 4096 ||
+        (int64_t)hp->n_head * hp->head_dim > 4096)
+        return;
+    char err[512];
+    struct cllm_model *m = NULL;
+    struct cllm_kv_cache kv = {0};
+    if (cllm_model_init(&m, mf, cpu, 8, 8, err, sizeof err) != CLLM_OK) {
+        FUZZ_ASSERT(m == NULL && err[0], "a model refused without an error text");
+        return;
+    }
+    FUZZ_ASSERT(cllm_kv_cache_init(&kv, m, 1, 16, err, sizeof err) == CLLM_OK, "KV cache: %s", err);
+    const int32_t tokens[3] = {0, hp->n_vocab - 1, hp->n_vocab / 2}, pos[3] = {0, 1, 2},
+                  seq[3] = {0, 0, 0}, slot[3] = {0, 1, 2}, table[1] = {0}, outs[2] = {1, 2};
+    const struct cllm_step s = {3, tokens, pos, seq, slot, table, 1, 1, 2, outs};
+    const float *logits = NULL;
+    FUZZ_ASSERT(cllm_model_forward(m, &kv, &s, &logits) == CLLM_OK && logits, "forward failed");
+    for (int i = 0; i < 2; i++) {
+        const int32_t t = cllm_argmax(logits + (size_t)i * (size_t)hp->n_vocab, hp->n_vocab);
+        FUZZ_ASSERT(t >= 0 && t < hp->n_vocab, "argmax %d", t);
+    }
+    fuzz_stage++;
+    cllm_kv_cache_free(&kv, m);
+    cllm_model_free(m);
+}
 
 static uint64_t sink; /* keeps the reads of values from being optimised away */
 
@@ -92,8 +138,10 @@ static void walk_gguf(const struct cllm_gguf *g)
 static void use_model_files(const struct cllm_model_files *mf)
 {
     char err[512];
-    if (cllm_model_files_check_tensors(mf, err, sizeof err) == CLLM_OK)
+    if (cllm_model_files_check_tensors(mf, err, sizeof err) == CLLM_OK) {
         fuzz_stage++;
+        forward_step(mf);
+    }
     if (mf->tok) {
         static const char text[] = "Hello, 世界! <|im_start|>user\n  x = 1;\xff";
         struct cllm_ids ids = {0};

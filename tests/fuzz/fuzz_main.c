@@ -6,10 +6,11 @@
  * runs every file under the CORPUS folders (or files) through the target, then N inputs made
  * from them by stacked random mutations -- bit flips, interesting integers written over
  * length and offset fields, cut / inserted / repeated ranges, splices of two inputs, words of
- * the dictionary (libFuzzer's format) -- from a seeded generator, so a run is the same every time and a
- * failure reproduces. Not coverage-guided (that is libFuzzer's job, scripts/fuzz), but it
- * reaches the error paths of every field of the seeds on every CI run. A crash or a failed
- * property aborts, after the input is saved as fuzz-crash-<target>.bin in the working folder.
+ * the dictionary (libFuzzer's format) -- from a seeded generator, so a run is the same every
+ * time and a failure reproduces. Not coverage-guided (that is libFuzzer's job, scripts/fuzz),
+ * but it reaches the error paths of every field of the seeds on every CI run. A crash, a
+ * sanitizer's report or a failed property ends the run after the input is saved as
+ * fuzz-crash-<target>.bin in the working folder.
  */
 #include "fuzz.h"
 
@@ -20,6 +21,8 @@
 #include <time.h>
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) __attribute__((weak));
+/* Present when a sanitizer is linked: called before it ends the process on an error. */
+void __sanitizer_set_death_callback(void (*callback)(void)) __attribute__((weak));
 
 struct input {
     uint8_t *data;
@@ -35,7 +38,7 @@ static const char *target_name = "target";
 static const uint8_t *cur_data;
 static size_t cur_size;
 
-static void save_current(int sig)
+static void save_input(void)
 {
     char name[256];
     snprintf(name, sizeof name, "fuzz-crash-%s.bin", target_name);
@@ -45,6 +48,11 @@ static void save_current(int sig)
         fclose(f);
         fprintf(stderr, "fuzz: the failing input (%zu bytes) is in %s\n", cur_size, name);
     }
+}
+
+static void save_and_die(int sig)
+{
+    save_input();
     signal(sig, SIG_DFL);
     raise(sig);
 }
@@ -295,10 +303,12 @@ int main(int argc, char **argv)
                 argv[0]);
         return 2;
     }
-    signal(SIGABRT, save_current);
-    signal(SIGSEGV, save_current);
-    signal(SIGBUS, save_current);
-    signal(SIGFPE, save_current);
+    signal(SIGABRT, save_and_die);
+    signal(SIGSEGV, save_and_die);
+    signal(SIGBUS, save_and_die);
+    signal(SIGFPE, save_and_die);
+    if (__sanitizer_set_death_callback)
+        __sanitizer_set_death_callback(save_input);
 
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);

@@ -197,6 +197,25 @@ def main():
         b'"max_completion_tokens": 3, "min_p": 0.1, "top_k": -1, "stop": null, "seed": null}'
         + SEP + logits[:20])
 
+    def stops(strings, text):
+        b = bytes([len(strings) - 1])
+        for s in strings:
+            s = s.encode() if isinstance(s, str) else s
+            b += bytes([len(s)]) + s
+        return b + (text.encode() if isinstance(text, str) else text)
+
+    put("stop", "paragraph", stops(["\n\n"], "Hello\nworld\n\nmore"))
+    put("stop", "two", stops(["END", "\u4e2d\u6587"], "abc \u4e2d \u6587\u4e2d\u6587 EN END"))
+    put("stop", "overlap", stops(["abab", "bab", "", "<|im_end|>"], "aababab <|im_"))
+    put("stop", "bytes", stops([b"\xe4", b"\xb8\xad"], b"x\xe4\xb8\xad\xff"))
+
+    # scheduler: config (blocks, block size, budget, sequences, prefix cache), then operations
+    # (0/1 add: length, max tokens, prompt; 2 cancel: which; 3 step)
+    shared = [0, 23, 11] + [1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5]
+    put("sched", "pressure", bytes([10, 2, 16, 4, 1] + shared * 6 + [3, 3, 2, 1, 3] + shared + [3] * 8))
+    put("sched", "tiny_budget", bytes([30, 0, 1, 2, 1] + [0, 5, 3, 1, 1, 1, 1, 1, 1] * 3 + [3, 2, 0, 3]))
+    put("sched", "no_prefix", bytes([5, 1, 7, 1, 0] + [1, 7, 5, 4, 4, 4, 4, 4, 4, 4, 4, 3] * 4))
+
     workload = os.path.join(HERE, "..", "..", "..", "shared", "workload", "pmpp_questions.json")
     q = json.load(open(workload, encoding="utf-8"))
     first = q[0] if isinstance(q[0], str) else json.dumps(q[0], ensure_ascii=False)
