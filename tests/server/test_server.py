@@ -544,6 +544,30 @@ def test_fuzzed_requests(port, n=300, seed=20261201):
     check(counts.get(200, 0) > n // 10 and sum(v for k, v in counts.items() if k >= 400) > n // 10,
           f"the fuzzed requests reach both answers and refusals: {counts}")
     still_serving(port, "the fuzzed requests")
+    # Below JSON: damaged HTTP itself, one connection each. Any answer (or a closed
+    # connection) will do, as long as the server goes on serving.
+    heads = [b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n",
+             b"GET / HTTP/1.1\r\nHost: x\r\n", b"POST /v1/chat/completions HTTP/1.0\r\n"]
+    extras = [b"Content-Length: -1\r\n", b"Content-Length: 99999999999999999999\r\n",
+              b"Content-Length: 5\r\nContent-Length: 7\r\n", b"Transfer-Encoding: chunked\r\n",
+              b"X: " + b"a" * 20000 + b"\r\n", b"\x00\xff\r\n", b"Expect: 100-continue\r\n",
+              b"Connection: close\r\n", b""]
+    bodies = [b"", b'{"prompt": "hi", "max_tokens": 1}', b"zz\r\nxyz\r\n0\r\n\r\n",
+              b"ffffffffffffffff\r\nab", bytes(rng.randrange(256) for _ in range(64))]
+    for i in range(40):
+        raw = rng.choice(heads) + b"".join(rng.sample(extras, 2)) + b"\r\n" + rng.choice(bodies)
+        if rng.random() < 0.3:
+            j = rng.randrange(len(raw))
+            raw = raw[:j] + bytes([rng.randrange(256)]) + raw[j + 1:]
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            try:
+                sock.sendall(raw)
+                sock.shutdown(socket.SHUT_WR)
+                while sock.recv(65536):
+                    pass
+            except OSError:
+                pass  # a reset or a timeout is an answer too
+    still_serving(port, "damaged HTTP")
 
 
 def raw_post(port, path, obj, timeout=60):
