@@ -8,10 +8,23 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "engine/scheduler.h"
 
 #define SCHED_FAKE_VOCAB 1000
+
+/* A greedy request for the fake model's vocabulary that generates max_tokens tokens. */
+static inline enum cllm_status sched_fake_request(struct cllm_request **out, uint64_t id,
+                                                  const int32_t *prompt, int32_t n,
+                                                  int32_t max_tokens, char *err, size_t err_len)
+{
+    struct cllm_request_params p;
+    memset(&p, 0, sizeof p);
+    cllm_sampling_params_default(&p.sampling);
+    p.max_tokens = max_tokens;
+    return cllm_request_new(out, id, prompt, n, &p, NULL, SCHED_FAKE_VOCAB, 4096, err, err_len);
+}
 
 static inline int32_t sched_fake_next(const struct cllm_request *r)
 {

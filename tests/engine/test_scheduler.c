@@ -17,14 +17,10 @@
 
 static struct cllm_request *make(uint64_t id, const int32_t *prompt, int32_t n, int32_t max_tokens)
 {
-    struct cllm_request_params p;
-    memset(&p, 0, sizeof p);
-    cllm_sampling_params_default(&p.sampling);
-    p.max_tokens = max_tokens;
     struct cllm_request *r = NULL;
     char err[200];
-    CHECKF(cllm_request_new(&r, id, prompt, n, &p, NULL, VOCAB, 4096, err, sizeof err) == CLLM_OK,
-           "%s", err);
+    CHECKF(sched_fake_request(&r, id, prompt, n, max_tokens, err, sizeof err) == CLLM_OK, "%s",
+           err);
     return r;
 }
 

@@ -33,14 +33,9 @@ struct tracked {
 
 static struct cllm_request *make(uint64_t id, const int32_t *prompt, int32_t n, int32_t gen)
 {
-    struct cllm_request_params p;
-    memset(&p, 0, sizeof p);
-    cllm_sampling_params_default(&p.sampling);
-    p.max_tokens = gen;
     struct cllm_request *r = NULL;
     char err[200];
-    FUZZ_ASSERT(cllm_request_new(&r, id, prompt, n, &p, NULL, SCHED_FAKE_VOCAB, 4096, err,
-                                 sizeof err) == CLLM_OK,
+    FUZZ_ASSERT(sched_fake_request(&r, id, prompt, n, gen, err, sizeof err) == CLLM_OK,
                 "request: %s", err);
     return r;
 }
