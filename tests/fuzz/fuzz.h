@@ -13,10 +13,13 @@
 #ifndef CLLM_TESTS_FUZZ_H
 #define CLLM_TESTS_FUZZ_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+#include "cllm.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -35,6 +38,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
  * the way (fuzz_main.c checks), so the mutations start from inputs that reach the deep code. */
 extern int fuzz_stage;
 extern const int fuzz_full_stage;
+
+/* The verdict of a reader that was given err (emptied before the call) and returned st: true
+ * if it accepted the input, which then counts as one more reader passed (fuzz_stage). A
+ * refusal must name its reason in err and leave no result (refused_clean: the caller's output
+ * pointer is NULL, or true where there is none); what names the reader in the failure. */
+bool fuzz_accepted(enum cllm_status st, const char *err, bool refused_clean, const char *what);
 
 /* An in-memory file holding data[0..size) and its path in path[0..path_len): the parsers under
  * test open files by path and map them, as they do with models. Returns the descriptor, to

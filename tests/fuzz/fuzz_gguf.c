@@ -164,21 +164,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     struct cllm_gguf *g = NULL;
     err[0] = 0;
-    if (cllm_gguf_open(&g, path, err, sizeof err) == CLLM_OK) {
-        fuzz_stage++;
+    enum cllm_status st = cllm_gguf_open(&g, path, err, sizeof err);
+    if (fuzz_accepted(st, err, g == NULL, "the GGUF reader")) {
         walk_gguf(g);
         cllm_gguf_free(g);
-    } else {
-        FUZZ_ASSERT(g == NULL && err[0], "a refusal without an error text");
     }
     struct cllm_model_files *mf = NULL;
     err[0] = 0;
-    if (cllm_model_files_open(&mf, path, err, sizeof err) == CLLM_OK) {
-        fuzz_stage++;
+    st = cllm_model_files_open(&mf, path, err, sizeof err);
+    if (fuzz_accepted(st, err, mf == NULL, "opening the model")) {
         use_model_files(mf);
         cllm_model_files_free(mf);
-    } else {
-        FUZZ_ASSERT(mf == NULL && err[0], "a refusal without an error text");
     }
     close(fd);
     return 0;

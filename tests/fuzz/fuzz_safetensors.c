@@ -22,8 +22,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     struct cllm_st_set *set = NULL;
     err[0] = 0;
-    if (cllm_st_open_file(&set, path, err, sizeof err) == CLLM_OK) {
-        fuzz_stage = 1;
+    const enum cllm_status st = cllm_st_open_file(&set, path, err, sizeof err);
+    if (fuzz_accepted(st, err, set == NULL, "the safetensors reader")) {
         for (size_t i = 0; i < cllm_st_count(set); i++) {
             const struct cllm_tensor *t = cllm_st_tensor(set, i);
             FUZZ_ASSERT(cllm_st_find(set, t->name) == t, "tensor %s is not found by its name",
@@ -38,8 +38,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 sink += ((const uint8_t *)t->data)[0] + ((const uint8_t *)t->data)[t->nbytes - 1];
         }
         cllm_st_free(set);
-    } else {
-        FUZZ_ASSERT(set == NULL && err[0], "a refusal without an error text");
     }
     close(fd);
     return 0;

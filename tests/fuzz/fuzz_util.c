@@ -6,6 +6,17 @@
 
 int fuzz_stage;
 
+bool fuzz_accepted(enum cllm_status st, const char *err, bool refused_clean, const char *what)
+{
+    if (st == CLLM_OK) {
+        fuzz_stage++;
+        return true;
+    }
+    FUZZ_ASSERT(err[0] && refused_clean, "%s refused without an error text or left a result",
+                what);
+    return false;
+}
+
 int fuzz_memfile(const uint8_t *data, size_t size, char *path, size_t path_len)
 {
     int fd = memfd_create("cllm-fuzz", MFD_CLOEXEC);
