@@ -1,6 +1,6 @@
 /*
- * What every fuzz target shares. A target defines LLVMFuzzerTestOneInput (and may define
- * LLVMFuzzerInitialize and a dictionary); it is linked either with libFuzzer (clang,
+ * What every fuzz target shares. A target defines LLVMFuzzerTestOneInput and fuzz_full_stage
+ * (and may define LLVMFuzzerInitialize); it is linked either with libFuzzer (clang,
  * -fsanitize=fuzzer: coverage-guided, scripts/fuzz) or with fuzz_main.c (any compiler: the
  * committed corpus plus seeded random mutations of it, a CTest under ASan/UBSan).
  *
