@@ -7,10 +7,52 @@
 #include <random>
 #include <chrono>
 
+/* Under ThreadSanitizer (CLLM_TSAN) the emulator is also a race checker for the kernels, as
+ * compute-sanitizer's racecheck is on a GPU: each CUDA thread is a TSan fiber, switched to
+ * without implied ordering, and only what orders memory on a GPU orders it here -
+ * __syncthreads, __syncwarp, the start and the end of a block (blocks run one after another
+ * and their shared memory is reused, so consecutive blocks are ordered: races between blocks
+ * are not checked). TSan then reports any two accesses to the same bytes, at least one a
+ * write, by two threads of a block with no barrier between them: shared or global memory,
+ * whatever order the green threads happened to run in. The emulator's own bookkeeping is
+ * hidden from TSan (emu_quiet). */
+#if defined(__SANITIZE_THREAD__)
+#define EMU_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define EMU_TSAN 1
+#endif
+#endif
+#if EMU_TSAN
+#define EMU_UNCHECKED __attribute__((no_sanitize("thread")))
+#include <sanitizer/tsan_interface.h>
+extern "C" void __tsan_ignore_thread_begin(void);
+extern "C" void __tsan_ignore_thread_end(void);
+struct emu_quiet {
+    emu_quiet() { __tsan_ignore_thread_begin(); }
+    ~emu_quiet() { __tsan_ignore_thread_end(); }
+};
+static void emu_hb_release(void *sync) { __tsan_release(sync); }
+static void emu_hb_acquire(void *sync) { __tsan_acquire(sync); }
+static void emu_hb_write(void *p, size_t n) { __tsan_write_range(p, n); }
+static void emu_hb_read(const void *p, size_t n) { __tsan_read_range((void *)p, n); }
+#else
+#define EMU_UNCHECKED
+struct emu_quiet {};
+static void emu_hb_release(void *) {}
+static void emu_hb_acquire(void *) {}
+static void emu_hb_write(void *, size_t) {}
+static void emu_hb_read(const void *, size_t) {}
+#endif
+/* Sync objects: their addresses name them to TSan. A barrier uses one of two by generation,
+ * so a thread released from barrier k is not ordered after what others did past it. */
+static char sync_block_start, sync_block_end, sync_bar[2];
+
 struct emu_thread {
     emu_thread_pub pub;
     void *sp;
     bool done;
+    void *fiber; /* its TSan fiber (EMU_TSAN) */
 };
 /* A context switch without the signal-mask syscall of swapcontext: callee-saved registers,
  * MXCSR and the x87 control word go on the stack. */
@@ -62,13 +104,34 @@ static std::mt19937_64 rng(12345);
 static unsigned bar_count, bar_gen;
 static void *bar_site;
 /* warp barriers */
-struct warp_state { unsigned count, gen, expect; void *site; uint64_t stage[32], out[32]; };
+struct warp_state { unsigned count, gen, expect; void *site; uint64_t stage[32], out[32]; char sync[2]; };
 static std::vector<warp_state> warps;
 
-static void yield_now() { emu_ctx_switch(&emu_cur->sp, sched_sp); }
+#if EMU_TSAN
+/* The launching thread's fiber, while a block runs. Atomic: fibers read it after their last
+ * release, and the next launch writes it. */
+static void *host_fiber;
+/* The switches are not instrumented: a function entered on one fiber and left on another
+ * would push one fiber's shadow stack and pop the other's. */
+EMU_UNCHECKED static void fiber_to_host()
+{
+    __tsan_switch_to_fiber(__atomic_load_n(&host_fiber, __ATOMIC_RELAXED), __tsan_switch_to_fiber_no_sync);
+}
+EMU_UNCHECKED static void host_to_fiber(emu_thread &t) { __tsan_switch_to_fiber(t.fiber, __tsan_switch_to_fiber_no_sync); }
+#else
+static void fiber_to_host() {}
+static void host_to_fiber(emu_thread &) {}
+#endif
+
+static void yield_now()
+{
+    fiber_to_host();
+    emu_ctx_switch(&emu_cur->sp, sched_sp);
+}
 
 void emu_syncthreads_at(void *site)
 {
+    emu_quiet q;
     if (bar_count == 0)
         bar_site = site;
     else if (bar_site != site) {
@@ -77,17 +140,29 @@ void emu_syncthreads_at(void *site)
     }
     unsigned g = bar_gen;
     progress++;
+    emu_hb_release(&sync_bar[g & 1]);
     if (++bar_count == nthreads) {
         bar_count = 0;
         bar_gen++;
-        return;
+    } else {
+        while (bar_gen == g)
+            yield_now();
     }
-    while (bar_gen == g)
-        yield_now();
+    emu_hb_acquire(&sync_bar[g & 1]);
 }
 
-void emu_warp_exchange(uint64_t v, uint64_t *all, void *site)
+void emu_warp_exchange(uint64_t v, uint64_t *all, void *site) { emu_warp_collective(v, all, site, false); }
+void emu_syncwarp_at(void *site)
 {
+    uint64_t all[32];
+    emu_warp_collective(0, all, site, true);
+}
+
+/* Shuffles, ballots and the MMA exchange values; only __syncwarp orders memory (CUDA's
+ * programming guide promises memory ordering for __syncwarp alone). */
+void emu_warp_collective(uint64_t v, uint64_t *all, void *site, bool orders_memory)
+{
+    emu_quiet q;
     warp_state &w = warps[emu_cur->pub.tid.x / 32];
     unsigned lane = emu_cur->pub.tid.x & 31;
     if (w.count == 0)
@@ -99,6 +174,9 @@ void emu_warp_exchange(uint64_t v, uint64_t *all, void *site)
     w.stage[lane] = v;
     unsigned g = w.gen;
     progress++;
+    char *sync = &w.sync[(g >> 1) & 1]; /* gen moves by two per exchange */
+    if (orders_memory)
+        emu_hb_release(sync);
     if (++w.count == w.expect) {
         memcpy(w.out, w.stage, sizeof w.out);
         w.count = 0;
@@ -107,6 +185,8 @@ void emu_warp_exchange(uint64_t v, uint64_t *all, void *site)
         while (w.gen == g)
             yield_now();
     }
+    if (orders_memory)
+        emu_hb_acquire(sync);
     memcpy(all, w.out, sizeof w.out);
     /* everyone must read out before the next exchange overwrites it: a second barrier */
     unsigned g2 = w.gen;
@@ -132,27 +212,47 @@ void emu_cp_async(void *dst, const void *src, size_t n)
         fprintf(stderr, "emu: cp.async of %zu bytes misaligned (dst %p src %p)\n", n, dst, src);
         abort();
     }
+    /* On a GPU the bytes land at any time until the wait: the destination is written (with
+     * bytes that read as NaN) and the source read now, and the copy is made at the wait. */
+    memset(dst, 0xff, n);
+    emu_hb_read(src, n);
+    emu_quiet q;
     cp_groups[emu_cur->pub.tid.x].back().push_back({dst, src, n});
 }
 
-void emu_cp_commit(void) { cp_groups[emu_cur->pub.tid.x].emplace_back(); }
+void emu_cp_commit(void)
+{
+    emu_quiet q;
+    cp_groups[emu_cur->pub.tid.x].emplace_back();
+}
 
 void emu_cp_wait(int n)
 {
-    auto &g = cp_groups[emu_cur->pub.tid.x];
-    size_t committed = g.size() - 1; /* all but the open last one */
-    while (committed > (size_t)n) {
-        for (const cp_copy &c : g.front()) memcpy(c.dst, c.src, c.n);
-        g.erase(g.begin());
-        committed--;
+    std::vector<cp_copy> done;
+    {
+        emu_quiet q;
+        auto &g = cp_groups[emu_cur->pub.tid.x];
+        size_t committed = g.size() - 1; /* all but the open last one */
+        while (committed > (size_t)n) {
+            done.insert(done.end(), g.front().begin(), g.front().end());
+            g.erase(g.begin());
+            committed--;
+        }
     }
+    for (const cp_copy &c : done)
+        memcpy(c.dst, c.src, c.n);
 }
 
-static void trampoline()
+/* A green thread's first frame. It never returns, so it is not instrumented: TSan's shadow
+ * stack of a fiber would grow by its frame with every block the fiber runs. */
+EMU_UNCHECKED static void trampoline()
 {
+    emu_hb_acquire(&sync_block_start);
     (*body_fn)();
+    emu_hb_release(&sync_block_end);
     emu_cur->done = true;
     progress++;
+    fiber_to_host();
     emu_ctx_switch(&emu_cur->sp, sched_sp);
     abort();
 }
@@ -205,6 +305,14 @@ void emu_launch(std::function<void()> body, dim3 grid3, dim3 block3, size_t smem
         void *p = mmap(NULL, STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         stacks.push_back((char *)p);
     }
+#if EMU_TSAN
+    static std::vector<void *> fibers; /* one per thread slot, kept: TSan's are a finite supply */
+    while (fibers.size() < block)
+        fibers.push_back(__tsan_create_fiber(0));
+    for (unsigned t = 0; t < block; t++)
+        threads[t].fiber = fibers[t];
+    __atomic_store_n(&host_fiber, __tsan_get_current_fiber(), __ATOMIC_RELAXED);
+#endif
     warps.assign(block / 32, warp_state{});
     for (auto &w : warps) w.expect = 32;
     emu_gridDim = {grid3.x, grid3.y, grid3.z};
@@ -244,13 +352,17 @@ void emu_launch(std::function<void()> body, dim3 grid3, dim3 block3, size_t smem
             order[t] = t;
         }
         unsigned alive = block;
+        emu_hb_release(&sync_block_start);
+        emu_quiet quiet; /* the scheduler's switches: emu_cur is the one "racy" variable */
         while (alive) {
             uint64_t before = progress;
             std::shuffle(order.begin(), order.end(), rng);
             for (unsigned t : order) {
                 if (threads[t].done) continue;
                 emu_cur = &threads[t];
-                emu_ctx_switch(&sched_sp, threads[t].sp);
+                void *sp = threads[t].sp; /* read as the scheduler, before the switch */
+                host_to_fiber(threads[t]);
+                emu_ctx_switch(&sched_sp, sp);
                 if (threads[t].done) alive--;
             }
             if (alive && progress == before) {
@@ -258,6 +370,7 @@ void emu_launch(std::function<void()> body, dim3 grid3, dim3 block3, size_t smem
                 abort();
             }
         }
+        emu_hb_acquire(&sync_block_end); /* (sync is not ignored by emu_quiet) */
         /* a warp barrier some lanes entered but the rest left the kernel: divergent collective */
         for (size_t wi = 0; wi < warps.size(); wi++)
             if (warps[wi].count) {

@@ -351,10 +351,18 @@ typedef float v8f __attribute__((vector_size(32)));
 
 #define LOAD8(dst, p) memcpy(&(dst), (p), sizeof(v8f))
 
+/* Versions for AVX2 and FMA machines, chosen at load time - except under ThreadSanitizer,
+ * which instruments the ifunc resolver that chooses, and that runs before TSan is set up. */
+#if defined(__SANITIZE_THREAD__)
+#define ATTEND_CLONES
+#else
+#define ATTEND_CLONES __attribute__((target_clones("avx2", "fma", "default")))
+#endif
+
 /* One token, one KV head and the query heads that share it, over positions 0..pos: scores
  * for a block of positions, then one online-softmax rescale per block. Each K/V row is read
  * once for the whole group, and the order of work never depends on the batch. */
-__attribute__((target_clones("avx2", "fma", "default"))) static void
+ATTEND_CLONES static void
 attend_group(const struct attn_job *j, int32_t t, int32_t kvh)
 {
     const struct cllm_attn_batch *b = j->b;

@@ -60,6 +60,8 @@ extern emu_uint3 emu_blockIdx, emu_blockDim, emu_gridDim;
 
 void emu_syncthreads_at(void *site);
 void emu_warp_exchange(uint64_t v, uint64_t *all, void *site); /* all[32] gets every lane's v */
+void emu_warp_collective(uint64_t v, uint64_t *all, void *site, bool orders_memory);
+void emu_syncwarp_at(void *site);
 void *emu_dyn_smem(void);
 /* cp.async for the calling thread: copies queue up, commit closes a group, wait(n) performs
  * all but the newest n groups. */
@@ -78,7 +80,7 @@ void emu_on_stream(cudaStream_t s, const std::function<void()> &op);
 /* Call sites are source lines: the compiler may duplicate code, never lines. */
 #define EMU_SITE ((void *)(uintptr_t)__LINE__)
 #define __syncthreads() emu_syncthreads_at(EMU_SITE)
-#define __syncwarp(...) do { uint64_t emu_a_[32]; emu_warp_exchange(0, emu_a_, EMU_SITE); } while (0)
+#define __syncwarp(...) emu_syncwarp_at(EMU_SITE)
 
 template <class T> static inline uint64_t emu_bits(T v) { uint64_t b = 0; memcpy(&b, &v, sizeof v); return b; }
 template <class T> static inline T emu_from(uint64_t b) { T v; memcpy(&v, &b, sizeof v); return v; }
@@ -150,9 +152,10 @@ static inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
 static inline int __clz(unsigned x) { return x ? __builtin_clz(x) : 32; }
 static inline int __clz(int x) { return __clz((unsigned)x); }
 
-static inline unsigned atomicAdd(unsigned *p, unsigned v) { unsigned o = *p; *p = o + v; return o; }
-static inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long v) { unsigned long long o = *p; *p = o + v; return o; }
-static inline int atomicAdd(int *p, int v) { int o = *p; *p = o + v; return o; }
+/* Atomic to ThreadSanitizer too (CLLM_TSAN): concurrent atomics are not races. */
+static inline unsigned atomicAdd(unsigned *p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+static inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+static inline int atomicAdd(int *p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 
 static inline float __fdiv_rn(float a, float b) { volatile float r = a / b; return r; }
 static inline float __fsub_rn(float a, float b) { volatile float r = a - b; return r; }
