@@ -34,14 +34,12 @@ struct emu_quiet {
 };
 static void emu_hb_release(void *sync) { __tsan_release(sync); }
 static void emu_hb_acquire(void *sync) { __tsan_acquire(sync); }
-static void emu_hb_write(void *p, size_t n) { __tsan_write_range(p, n); }
 static void emu_hb_read(const void *p, size_t n) { __tsan_read_range((void *)p, n); }
 #else
 #define EMU_UNCHECKED
 struct emu_quiet {};
 static void emu_hb_release(void *) {}
 static void emu_hb_acquire(void *) {}
-static void emu_hb_write(void *, size_t) {}
 static void emu_hb_read(const void *, size_t) {}
 #endif
 /* Sync objects: their addresses name them to TSan. A barrier uses one of two by generation,

@@ -464,10 +464,18 @@ static void test_gemm_rope_store(int32_t n_head, int32_t n_kv, int32_t hd, int32
     CHECK(cllm_cuda_gemm_rope_store(w.data(), K, x.data(), n_max, y.data(), N, &r, 0) == cudaErrorInvalidValue);
 }
 
+/* Parts of the test (0-9, see main) named on the command line, or all. */
+static bool part(int argc, char **argv, int k)
+{
+    for (int i = 1; i < argc; i++)
+        if (atoi(argv[i]) == k)
+            return true;
+    return argc < 2;
+}
+
 int main(int argc, char **argv)
 {
-    int which = argc > 1 ? atoi(argv[1]) : -1;
-    if (which < 0 || which == 0) {
+    if (part(argc, argv, 0)) {
         test_embed_norm_silu(1, 256);
         test_embed_norm_silu(5, 300);
         test_embed_norm_silu(3, 896);
@@ -477,16 +485,16 @@ int main(int argc, char **argv)
     for (int k = 0; k < 2; k++) {
         const bool simt = k == 1; /* the tensor-core kernel first: the default */
         /* regrouped: the emulator's slowest part, so on two shapes only */
-        if (which < 0 || which == 1) test_attention(12, 2, 128, lens_a, 3, simt, true); /* group 6 */
-        if (which < 0 || which == 2) test_attention(12, 2, 64, lens_a, 3, simt);
-        if (which < 0 || which == 3) test_attention(4, 2, 64, lens_b, 3, simt, true); /* group 2, split */
-        if (which < 0 || which == 4) test_attention(2, 2, 128, lens_b, 3, simt);  /* no grouping, split */
-        if (which < 0 || which == 5) test_attention(6, 1, 128, lens_b, 3, simt);  /* group 6, split */
-        if (which < 0 || which == 9) test_attention(14, 2, 64, lens_a, 3, simt);  /* group 7: 63-row tiles */
-        if (which < 0 || which == 6) test_decode(4, 2, 64, 4700, simt);
-        if (which < 0 || which == 7) test_decode(6, 1, 128, 4700, simt);
+        if (part(argc, argv, 1)) test_attention(12, 2, 128, lens_a, 3, simt, true); /* group 6 */
+        if (part(argc, argv, 2)) test_attention(12, 2, 64, lens_a, 3, simt);
+        if (part(argc, argv, 3)) test_attention(4, 2, 64, lens_b, 3, simt, true); /* group 2, split */
+        if (part(argc, argv, 4)) test_attention(2, 2, 128, lens_b, 3, simt);  /* no grouping, split */
+        if (part(argc, argv, 5)) test_attention(6, 1, 128, lens_b, 3, simt);  /* group 6, split */
+        if (part(argc, argv, 9)) test_attention(14, 2, 64, lens_a, 3, simt);  /* group 7: 63-row tiles */
+        if (part(argc, argv, 6)) test_decode(4, 2, 64, 4700, simt);
+        if (part(argc, argv, 7)) test_decode(6, 1, 128, 4700, simt);
     }
-    if (which < 0 || which == 8) {
+    if (part(argc, argv, 8)) {
         test_gemm(40, 72, 70, true);     /* K not a multiple of 32, N not of 16, one slice */
         test_gemm(300, 1024, 70, false); /* several slices, two token tiles */
         test_gemm(136, 520, 33, true);   /* skinny's largest tile and the tiled kernel at 33 */
