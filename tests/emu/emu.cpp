@@ -15,7 +15,8 @@
  * are not checked). TSan then reports any two accesses to the same bytes, at least one a
  * write, by two threads of a block with no barrier between them: shared or global memory,
  * whatever order the green threads happened to run in. The emulator's own bookkeeping is
- * hidden from TSan (emu_quiet). */
+ * hidden from TSan: ignored accesses (emu_quiet), uninstrumented switches (EMU_UNCHECKED).
+ * tests/emu/test_emu_race.cpp checks that the races this should find are found. */
 #if defined(__SANITIZE_THREAD__)
 #define EMU_TSAN 1
 #elif defined(__has_feature)
