@@ -5,7 +5,10 @@ order, Chinese, greedy answers equal alone and inside a list), the OpenAI routes
 SSE streaming, /v1/models, /metrics as Prometheus text, every kind of bad input (status code +
 JSON error shape, and the server still answering afterwards), the API key, a full queue, clients
 that disconnect mid-generation, a slow client, concurrent clients, start-up (503 while loading)
-and SIGTERM. Paths come from CTest's environment (CLLM_BIN, CLLM_TEST_GGUF, CLLM_WORKLOAD)."""
+and SIGTERM. Paths come from CTest's environment (CLLM_BIN, CLLM_TEST_GGUF, CLLM_WORKLOAD);
+CLLM_SERVER_MODEL, when set, is served instead of CLLM_TEST_GGUF (the ThreadSanitizer suite
+serves the micro model: the checks hold for any model, and the real one is too slow there).
+A sanitizer's report in a server's log fails the test, whatever the server answered."""
 import copy
 import http.client
 import json
@@ -21,7 +24,7 @@ import threading
 import time
 
 BIN = os.environ["CLLM_BIN"]
-GGUF = os.environ["CLLM_TEST_GGUF"]
+MODEL = os.environ.get("CLLM_SERVER_MODEL") or os.environ["CLLM_TEST_GGUF"]
 WORKLOAD = os.environ["CLLM_WORKLOAD"]
 CTX = 1024
 MAX_BODY = 65536
@@ -53,7 +56,7 @@ class Server:
         self.log = tempfile.TemporaryFile()
         self.t0 = time.monotonic()
         self.proc = subprocess.Popen(
-            [BIN, "serve", "--model", GGUF, "--host", "127.0.0.1", "--port", str(self.port),
+            [BIN, "serve", "--model", MODEL, "--host", "127.0.0.1", "--port", str(self.port),
              "--threads", "2", "--max-tokens", "16", *extra],
             stdout=subprocess.DEVNULL, stderr=self.log, env={**os.environ, **(env or {})})
         self.statuses = []  # (status, body) of GET / until it answered 200
@@ -91,7 +94,17 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self.check_no_sanitizer_report()
         return self.proc.returncode
+
+    def check_no_sanitizer_report(self):
+        """ASan, UBSan and TSan print their reports on stderr (and, as built here, stop the
+        process): any such line fails the test, with the report shown."""
+        self.log.seek(0)
+        text = self.log.read().decode(errors="replace")
+        report = re.search(r"(WARNING|ERROR): (Thread|Address|Leak)Sanitizer|runtime error:", text)
+        if not check(report is None, "no sanitizer report in the server's log"):
+            sys.stderr.write(text[max(0, report.start() - 200):report.start() + 6000])
 
 
 def request(port, method, path, body=None, headers=None, timeout=300, chunked=False):
@@ -864,6 +877,7 @@ def main():
         if srv.proc.poll() is None:
             srv.proc.kill()
             srv.proc.wait()
+        srv.check_no_sanitizer_report()
         if failed:
             srv.dump()
     test_auth_and_queue()
