@@ -3,27 +3,36 @@
 #include <ucontext.h>
 #include <sys/mman.h>
 #include <vector>
+#include <map>
 #include <algorithm>
 #include <random>
 #include <chrono>
 
-/* Under ThreadSanitizer (CLLM_TSAN) the emulator is also a race checker for the kernels, as
- * compute-sanitizer's racecheck is on a GPU: each CUDA thread is a TSan fiber, switched to
- * without implied ordering, and only what orders memory on a GPU orders it here -
- * __syncthreads, __syncwarp, the start and the end of a block (blocks run one after another
- * and their shared memory is reused, so consecutive blocks are ordered: races between blocks
- * are not checked). TSan then reports any two accesses to the same bytes, at least one a
- * write, by two threads of a block with no barrier between them: shared or global memory,
- * whatever order the green threads happened to run in. The emulator's own bookkeeping is
- * hidden from TSan: ignored accesses (emu_quiet), uninstrumented switches (EMU_UNCHECKED).
- * tests/emu/test_emu_race.cpp checks that the races this should find are found. */
-#if defined(__SANITIZE_THREAD__)
-#define EMU_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define EMU_TSAN 1
-#endif
-#endif
+/* Under ThreadSanitizer (CLLM_TSAN) the emulator is also a race checker for the kernels and
+ * for the host code that drives them, as compute-sanitizer's racecheck is on a GPU and more:
+ * each CUDA thread is a TSan fiber, switched to without implied ordering, and only what orders
+ * memory on a GPU orders it here. Within a block: __syncthreads, __syncwarp (a shuffle, ballot
+ * or MMA exchanges values, not memory), the block's start and end. Between blocks of a launch:
+ * nothing but __threadfence (sequentially consistent: each fence is ordered after every fence
+ * before it, as CUDA's fence.sc are) - so two blocks touching the same bytes, one writing,
+ * with no fence pair between, are reported. Blocks run one after another in EMU_SETS slots
+ * (emu.h), each with its own fibers and shared memory: a slot's blocks are ordered (they
+ * reuse its fibers and memory), blocks in different slots are not, and consecutive blocks of
+ * the scrambled order are always in different slots. Between launches, the device's timeline:
+ * work on a stream is ordered after the stream's previous work, except that a kernel launched
+ * for programmatic dependent launch (cllm_launch) is ordered after the kernel just before it
+ * only from its cllm_pdl_wait on (before it, after the one before that); the legacy stream and
+ * blocking streams order each other; copies, sets and BLAS calls run on the stream's own fiber.
+ * The host is ordered after device work only where CUDA orders it (emu_host_waits(false), the
+ * default): cudaStreamSynchronize, cudaDeviceSynchronize, cudaFree, an event waited for, a
+ * copy to pageable memory; a copy from pageable memory reads its source before it returns
+ * (CUDA stages it) but lands later. So a host that rewrites a pinned buffer a queued copy
+ * still reads, reads results before waiting, or a kernel that reads what its predecessor
+ * writes before cllm_pdl_wait, is reported, whichever order the emulator ran things in. The
+ * emulator's own bookkeeping is hidden from TSan: ignored accesses (emu_quiet), uninstrumented
+ * switches (EMU_UNCHECKED). tests/emu/test_emu_race.cpp checks that the races this should
+ * find are found. Not modelled: two launches that are two kernels apart reuse slots (their
+ * fibers order them, as stream order does on one stream, not across streams). */
 #if EMU_TSAN
 #define EMU_UNCHECKED __attribute__((no_sanitize("thread")))
 #include <sanitizer/tsan_interface.h>
@@ -36,22 +45,38 @@ struct emu_quiet {
 static void emu_hb_release(void *sync) { __tsan_release(sync); }
 static void emu_hb_acquire(void *sync) { __tsan_acquire(sync); }
 static void emu_hb_read(const void *p, size_t n) { __tsan_read_range((void *)p, n); }
+static void emu_hb_write(const void *p, size_t n) { __tsan_write_range((void *)p, n); }
 #else
 #define EMU_UNCHECKED
 struct emu_quiet {};
 static void emu_hb_release(void *) {}
 static void emu_hb_acquire(void *) {}
 static void emu_hb_read(const void *, size_t) {}
+static void emu_hb_write(const void *, size_t) {}
 #endif
-/* Sync objects: their addresses name them to TSan. A barrier uses one of two by generation,
- * so a thread released from barrier k is not ordered after what others did past it. */
-static char sync_block_start, sync_block_end, sync_bar[2];
+/* Sync objects: their addresses name them to TSan. Each slot has its own: its blocks' order
+ * (block g of the slot releases block[g & 1] as it ends, block g + 1 acquires it as it
+ * starts: two, so that a thread is not ordered after threads of its own block that ended
+ * before it started), its barriers (two by generation, so a thread released from barrier k
+ * is not ordered after what others did past it), its warps' barriers. */
+struct slot_syncs { char block[2]; char bar[2]; char warp[32][2]; };
+static slot_syncs slot_sync[EMU_SLOTS];
+static unsigned slot_blocks[EMU_SLOTS]; /* blocks run in a slot */
+static char sync_fence; /* __threadfence */
+unsigned emu_slot;
 
 struct emu_thread {
     emu_thread_pub pub;
     void *sp;
     bool done;
     void *fiber; /* its TSan fiber (EMU_TSAN) */
+};
+/* What a piece of device work is ordered after and what orders later work after it. */
+struct op_order {
+    char *start[16]; /* acquired as it starts */
+    int n_start;
+    char *wait;      /* acquired at emu_pdl_wait (NULL: nothing more) */
+    char *end;       /* released as it ends */
 };
 /* A context switch without the signal-mask syscall of swapcontext: callee-saved registers,
  * MXCSR and the x87 control word go on the stack. */
@@ -88,12 +113,12 @@ emu_thread *emu_cur;
 emu_uint3 emu_blockIdx, emu_blockDim, emu_gridDim;
 
 static std::vector<emu_thread> threads;
-static std::vector<char *> stacks;
+static std::vector<char *> stacks[EMU_SLOTS]; /* a slot's: blocks in other slots must not share them */
 static const size_t STACK = 256 * 1024;
 static std::function<void()> *body_fn;
 static unsigned nthreads;
 static uint64_t progress;
-static std::vector<unsigned char> dyn;
+static std::vector<unsigned char> dyn[EMU_SLOTS]; /* dynamic shared memory, a slot's */
 static const int SMEM_DEFAULT = 48 * 1024; /* dynamic shared memory a launch gets unasked */
 static size_t dyn_max = SMEM_DEFAULT;
 static cudaError_t last_error = cudaSuccess;
@@ -103,7 +128,7 @@ static std::mt19937_64 rng(12345);
 static unsigned bar_count, bar_gen;
 static void *bar_site;
 /* warp barriers */
-struct warp_state { unsigned count, gen, expect; void *site; uint64_t stage[32], out[32]; char sync[2]; };
+struct warp_state { unsigned count, gen, expect; void *site; uint64_t stage[32], out[32]; };
 static std::vector<warp_state> warps;
 
 #if EMU_TSAN
@@ -139,7 +164,8 @@ void emu_syncthreads_at(void *site)
     }
     unsigned g = bar_gen;
     progress++;
-    emu_hb_release(&sync_bar[g & 1]);
+    char *sync = &slot_sync[emu_slot].bar[g & 1];
+    emu_hb_release(sync);
     if (++bar_count == nthreads) {
         bar_count = 0;
         bar_gen++;
@@ -147,7 +173,7 @@ void emu_syncthreads_at(void *site)
         while (bar_gen == g)
             yield_now();
     }
-    emu_hb_acquire(&sync_bar[g & 1]);
+    emu_hb_acquire(sync);
 }
 
 void emu_warp_exchange(uint64_t v, uint64_t *all, void *site) { emu_warp_collective(v, all, site, false); }
@@ -162,7 +188,8 @@ void emu_syncwarp_at(void *site)
 void emu_warp_collective(uint64_t v, uint64_t *all, void *site, bool orders_memory)
 {
     emu_quiet q;
-    warp_state &w = warps[emu_cur->pub.tid.x / 32];
+    const unsigned wi = emu_cur->pub.tid.x / 32;
+    warp_state &w = warps[wi];
     unsigned lane = emu_cur->pub.tid.x & 31;
     if (w.count == 0)
         w.site = site;
@@ -173,7 +200,7 @@ void emu_warp_collective(uint64_t v, uint64_t *all, void *site, bool orders_memo
     w.stage[lane] = v;
     unsigned g = w.gen;
     progress++;
-    char *sync = &w.sync[(g >> 1) & 1]; /* gen moves by two per exchange */
+    char *sync = &slot_sync[emu_slot].warp[wi][(g >> 1) & 1]; /* gen moves by two per exchange */
     if (orders_memory)
         emu_hb_release(sync);
     if (++w.count == w.expect) {
@@ -198,7 +225,7 @@ void emu_warp_collective(uint64_t v, uint64_t *all, void *site, bool orders_memo
     }
 }
 
-void *emu_dyn_smem(void) { return dyn.data(); }
+void *emu_dyn_smem(void) { return dyn[emu_slot].data(); }
 
 /* cp.async groups per thread of the running block: [0] is the oldest committed group, the
  * last one is still open (there always is one). */
@@ -242,13 +269,20 @@ void emu_cp_wait(int n)
         memcpy(c.dst, c.src, c.n);
 }
 
+/* The launch running now: what its blocks are ordered after. */
+static const op_order *cur_op;
+
 /* A green thread's first frame. It never returns, so it is not instrumented: TSan's shadow
  * stack of a fiber would grow by its frame with every block the fiber runs. */
 EMU_UNCHECKED static void trampoline()
 {
-    emu_hb_acquire(&sync_block_start);
+    for (int k = 0; k < cur_op->n_start; k++)
+        emu_hb_acquire(cur_op->start[k]);
+    const unsigned g = slot_blocks[emu_slot];
+    emu_hb_acquire(&slot_sync[emu_slot].block[(g - 1) & 1]);
     (*body_fn)();
-    emu_hb_release(&sync_block_end);
+    emu_hb_release(&slot_sync[emu_slot].block[g & 1]);
+    emu_hb_release(cur_op->end);
     emu_cur->done = true;
     progress++;
     fiber_to_host();
@@ -256,14 +290,119 @@ EMU_UNCHECKED static void trampoline()
     abort();
 }
 
-/* A stream: work runs at once, or is recorded while the stream is captured. */
-struct CUstream_st {
-    std::vector<std::function<void()>> *capture; /* NULL: not capturing */
-};
-struct CUgraph_st { std::vector<std::function<void()>> ops; };
-struct CUgraphExec_st { std::vector<std::function<void()>> ops; };
+/* Programmatic dependent launch: from here on the kernel is ordered after the one before it. */
+EMU_UNCHECKED void emu_pdl_wait(void)
+{
+    if (cur_op && cur_op->wait)
+        emu_hb_acquire(cur_op->wait);
+}
 
-static bool recorded(cudaStream_t s, std::function<void()> op)
+void emu_threadfence(void)
+{
+    emu_hb_acquire(&sync_fence);
+    emu_hb_release(&sync_fence);
+}
+
+/* A stream: work runs at once, or is recorded while the stream is captured; under TSan it
+ * keeps the order of its work (op i releases end[i % 3] as it ends). */
+struct CUstream_st {
+    std::vector<std::function<void(cudaStream_t)>> *capture; /* NULL: not capturing */
+    bool blocking;    /* ordered with the legacy stream (not cudaStreamNonBlocking) */
+    uint64_t n_ops;   /* work issued */
+    bool last_kernel; /* the last work was a kernel: a PDL launch may overlap it */
+    char end[3];
+    char enqueue;     /* the host's clock as it issued work */
+    void *agent;      /* TSan fiber for its copies, sets, BLAS calls and event records */
+};
+struct CUgraph_st { std::vector<std::function<void(cudaStream_t)>> ops; };
+struct CUgraphExec_st { std::vector<std::function<void(cudaStream_t)>> ops; };
+static CUstream_st legacy_stream = {NULL, true, 0, false, {0, 0, 0}, 0, NULL};
+static std::vector<CUstream_st *> streams; /* those created */
+static CUstream_st *stream_of(cudaStream_t s) { return s ? s : &legacy_stream; }
+static char *last_end(CUstream_st *S) { return S->n_ops ? &S->end[(S->n_ops - 1) % 3] : NULL; }
+
+static bool host_waits_every_op = false;
+void emu_host_waits(bool every_op) { host_waits_every_op = every_op; }
+
+/* Issues work on S: what it is ordered after. The host's release comes last, so everything
+ * the host did before issuing it is in it. */
+static op_order begin_op(CUstream_st *S, bool kernel, bool pdl)
+{
+    op_order o = {};
+    auto add = [&](char *c) {
+        if (c && o.n_start < 16)
+            o.start[o.n_start++] = c;
+    };
+    const uint64_t i = S->n_ops++;
+    add(&S->enqueue);
+    if (kernel && pdl && S->last_kernel) {
+        add(i >= 2 ? &S->end[(i - 2) % 3] : NULL);
+        o.wait = &S->end[(i - 1) % 3];
+    } else
+        add(i >= 1 ? &S->end[(i - 1) % 3] : NULL);
+    if (S == &legacy_stream) {
+        for (CUstream_st *b : streams)
+            if (b->blocking)
+                add(last_end(b));
+    } else if (S->blocking)
+        add(last_end(&legacy_stream));
+    S->last_kernel = kernel;
+    o.end = &S->end[i % 3];
+    emu_hb_release(&S->enqueue);
+    return o;
+}
+static void end_op(const op_order &o)
+{
+    if (host_waits_every_op)
+        emu_hb_acquire(o.end);
+}
+static void host_waits_for(CUstream_st *S)
+{
+    if (char *e = last_end(S))
+        emu_hb_acquire(e);
+}
+static void host_waits_for_device()
+{
+    host_waits_for(&legacy_stream);
+    for (CUstream_st *S : streams)
+        host_waits_for(S);
+}
+
+/* Runs f as work of S on S's fiber, ordered by o. f is copied and dropped unseen by TSan:
+ * the caller's copy may be freed or its stack reused while TSan still remembers the reads. */
+EMU_UNCHECKED static void on_agent(CUstream_st *S, const op_order &o, const std::function<void()> &f)
+{
+    std::function<void()> *mine;
+    {
+        emu_quiet q;
+        mine = new std::function<void()>(f);
+    }
+#if EMU_TSAN
+    if (!S->agent)
+        S->agent = __tsan_create_fiber(0);
+    void *host = __tsan_get_current_fiber();
+    __tsan_switch_to_fiber(S->agent, __tsan_switch_to_fiber_no_sync);
+    for (int k = 0; k < o.n_start; k++)
+        __tsan_acquire(o.start[k]);
+    (*mine)();
+    __tsan_release(o.end);
+    __tsan_switch_to_fiber(host, __tsan_switch_to_fiber_no_sync);
+#else
+    (void)S, (void)o;
+    (*mine)();
+#endif
+    emu_quiet q;
+    delete mine;
+}
+static void device_op(cudaStream_t s, const std::function<void()> &f)
+{
+    CUstream_st *S = stream_of(s);
+    const op_order o = begin_op(S, false, false);
+    on_agent(S, o, f);
+    end_op(o);
+}
+
+static bool recorded(cudaStream_t s, std::function<void(cudaStream_t)> op)
 {
     if (!s || !s->capture)
         return false;
@@ -273,13 +412,13 @@ static bool recorded(cudaStream_t s, std::function<void()> op)
 
 void emu_on_stream(cudaStream_t s, const std::function<void()> &op)
 {
-    if (!recorded(s, op))
-        op();
+    if (!recorded(s, [op](cudaStream_t r) { device_op(r, op); }))
+        device_op(s, op);
 }
 
-void emu_launch(std::function<void()> body, dim3 grid3, dim3 block3, size_t smem, cudaStream_t stream)
+void emu_launch(std::function<void()> body, dim3 grid3, dim3 block3, size_t smem, cudaStream_t stream, bool pdl)
 {
-    if (recorded(stream, [=] { emu_launch(body, grid3, block3, smem, 0); }))
+    if (recorded(stream, [=](cudaStream_t s) { emu_launch(body, grid3, block3, smem, s, pdl); }))
         return;
     unsigned block = block3.x;
     if (block3.y != 1 || block3.z != 1) {
@@ -293,31 +432,41 @@ void emu_launch(std::function<void()> body, dim3 grid3, dim3 block3, size_t smem
         last_error = cudaErrorInvalidValue;
         return;
     }
+    /* The emulator's state is written by the host and read by the blocks, which under TSan
+     * are not ordered after the host's earlier work: hidden from TSan (emu_quiet). The body
+     * is the emulator's own copy, for the same reason as on_agent's. */
+    emu_quiet quiet;
+    std::function<void()> *mine = new std::function<void()>(std::move(body));
     static int launches;
     if (getenv("EMU_TRACE"))
         fprintf(stderr, "emu: launch %d grid (%u,%u,%u) block %u smem %zu\n", launches, grid3.x, grid3.y, grid3.z, block, smem);
+    /* This launch's slots: the other half's than the launch before it. */
+    const unsigned first_slot = (unsigned)(launches % (EMU_SLOTS / EMU_SETS)) * EMU_SETS;
     launches++;
-    body_fn = &body;
+    body_fn = mine;
     nthreads = block;
     threads.resize(block);
-    while (stacks.size() < block) {
-        void *p = mmap(NULL, STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        stacks.push_back((char *)p);
-    }
+    for (unsigned k = 0; k < EMU_SETS; k++)
+        while (stacks[first_slot + k].size() < block) {
+            void *p = mmap(NULL, STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            stacks[first_slot + k].push_back((char *)p);
+        }
 #if EMU_TSAN
-    static std::vector<void *> fibers; /* one per thread slot, kept: TSan's are a finite supply */
-    while (fibers.size() < block)
-        fibers.push_back(__tsan_create_fiber(0));
-    for (unsigned t = 0; t < block; t++)
-        threads[t].fiber = fibers[t];
+    static std::vector<void *> fibers[EMU_SLOTS]; /* one per thread of a slot, kept: they cost ~1 ms and ~1 MB each */
+    for (unsigned k = 0; k < EMU_SETS; k++)
+        while (fibers[first_slot + k].size() < block)
+            fibers[first_slot + k].push_back(__tsan_create_fiber(0));
     __atomic_store_n(&host_fiber, __tsan_get_current_fiber(), __ATOMIC_RELAXED);
 #endif
     warps.assign(block / 32, warp_state{});
     for (auto &w : warps) w.expect = 32;
     emu_gridDim = {grid3.x, grid3.y, grid3.z};
     emu_blockDim = {block, 1, 1};
-    dyn.assign(smem + 8, 0xA5);
+    for (unsigned k = 0; k < EMU_SETS; k++)
+        dyn[first_slot + k].assign(smem + 8, 0xA5);
     std::vector<unsigned> order(block);
+    const op_order o = begin_op(stream_of(stream), true, pdl);
+    cur_op = &o;
     /* Blocks in a scrambled order (i -> a i + c mod n, a coprime to n), as a GPU's scheduler
      * may run them: a kernel whose last block to finish does extra work (the split attention's
      * merge) must not depend on which block that is. */
@@ -334,14 +483,19 @@ void emu_launch(std::function<void()> body, dim3 grid3, dim3 block3, size_t smem
         const unsigned b = (unsigned)(i % grid3.x), by = (unsigned)(i / grid3.x % grid3.y),
                        bz = (unsigned)(i / ((uint64_t)grid3.x * grid3.y));
         emu_blockIdx = {b, by, bz};
-        memset(dyn.data(), 0xA5, dyn.size());
+        emu_slot = first_slot + (unsigned)(k % EMU_SETS);
+        slot_blocks[emu_slot]++;
+        memset(dyn[emu_slot].data(), 0xA5, dyn[emu_slot].size());
         bar_count = 0;
         cp_groups.assign(block, std::vector<std::vector<cp_copy>>(1));
         for (unsigned t = 0; t < block; t++) {
             emu_thread &th = threads[t];
             th.pub.tid = {t, 0, 0};
             th.done = false;
-            uint64_t *sp = (uint64_t *)(((uintptr_t)(stacks[t] + STACK)) & ~(uintptr_t)15);
+#if EMU_TSAN
+            th.fiber = fibers[emu_slot][t];
+#endif
+            uint64_t *sp = (uint64_t *)(((uintptr_t)(stacks[emu_slot][t] + STACK)) & ~(uintptr_t)15);
             *--sp = 0;
             *--sp = (uint64_t)(uintptr_t)trampoline;
             for (int i = 0; i < 6; i++)
@@ -351,8 +505,6 @@ void emu_launch(std::function<void()> body, dim3 grid3, dim3 block3, size_t smem
             order[t] = t;
         }
         unsigned alive = block;
-        emu_hb_release(&sync_block_start);
-        emu_quiet quiet; /* the scheduler's switches: emu_cur is the one "racy" variable */
         while (alive) {
             uint64_t before = progress;
             std::shuffle(order.begin(), order.end(), rng);
@@ -369,7 +521,6 @@ void emu_launch(std::function<void()> body, dim3 grid3, dim3 block3, size_t smem
                 abort();
             }
         }
-        emu_hb_acquire(&sync_block_end); /* (sync is not ignored by emu_quiet) */
         /* a warp barrier some lanes entered but the rest left the kernel: divergent collective */
         for (size_t wi = 0; wi < warps.size(); wi++)
             if (warps[wi].count) {
@@ -387,6 +538,10 @@ void emu_launch(std::function<void()> body, dim3 grid3, dim3 block3, size_t smem
             abort();
         }
     }
+    cur_op = NULL;
+    body_fn = NULL;
+    delete mine;
+    end_op(o);
 }
 
 extern "C" {
@@ -412,30 +567,114 @@ cudaError_t emu_func_set_attribute(const void *, enum cudaFuncAttribute a, int v
     return cudaSuccess;
 }
 cudaError_t cudaMalloc(void **p, size_t n) { *p = malloc(n ? n : 1); if (*p) memset(*p, 0x5A, n); return *p ? cudaSuccess : cudaErrorMemoryAllocation; }
-cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }
-cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind) { memcpy(d, s, n); return cudaSuccess; }
-cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind, cudaStream_t st)
+/* As CUDA: freeing device memory waits for the device. */
+cudaError_t cudaFree(void *p) { host_waits_for_device(); free(p); return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) { host_waits_for_device(); return cudaSuccess; }
+/* As CUDA: a captured stream cannot be synchronised. */
+cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
-    emu_on_stream(st, [=] { memcpy(d, s, n); });
+    if (s && s->capture)
+        return cudaErrorStreamCaptureUnsupported;
+    host_waits_for(stream_of(s));
     return cudaSuccess;
 }
-cudaError_t cudaMemset(void *d, int v, size_t n) { memset(d, v, n); return cudaSuccess; }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
+{
+    *s = new CUstream_st{NULL, !(flags & cudaStreamNonBlocking), 0, false, {0, 0, 0}, 0, NULL};
+    streams.push_back(*s);
+    return cudaSuccess;
+}
+cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithFlags(s, 0); }
+cudaError_t cudaStreamDestroy(cudaStream_t s)
+{
+    if (!s)
+        return cudaErrorInvalidValue;
+    streams.erase(std::remove(streams.begin(), streams.end(), s), streams.end());
+#if EMU_TSAN
+    if (s->agent)
+        __tsan_destroy_fiber(s->agent);
+#endif
+    delete s->capture;
+    delete s;
+    return cudaSuccess;
+}
+
+/* Pinned host memory (cudaMallocHost): copies from and to it are asynchronous to the host. */
+static std::map<uintptr_t, size_t> pinned;
+static bool is_pinned(const void *p)
+{
+    auto it = pinned.upper_bound((uintptr_t)p);
+    return it != pinned.begin() && (uintptr_t)p < (--it)->first + it->second;
+}
+cudaError_t cudaMallocHost(void **p, size_t n)
+{
+    cudaError_t e = cudaMalloc(p, n);
+    if (e == cudaSuccess)
+        pinned[(uintptr_t)*p] = n ? n : 1;
+    return e;
+}
+cudaError_t cudaFreeHost(void *p)
+{
+    pinned.erase((uintptr_t)p);
+    return cudaFree(p);
+}
+
+/* A copy on stream s, ordered for the host as CUDA's API synchronization rules say: from
+ * pageable memory to the device the source is read before the call returns (CUDA stages it)
+ * and the bytes land later; to pageable memory the call returns once the copy is done; copies
+ * from and to pinned memory are asynchronous. `sync`: cudaMemcpy, which also returns once the
+ * copy is done, but for a device-to-device copy, and a staged one, whose bytes may not have
+ * landed yet (so work on a non-blocking stream is not ordered after it). */
+static void copy_op(cudaStream_t s, void *d, const void *src, size_t n, enum cudaMemcpyKind kind, bool sync)
+{
+    CUstream_st *S = stream_of(s);
+    const bool staged = kind == cudaMemcpyHostToDevice && !is_pinned(src);
+    const bool host_waits = kind == cudaMemcpyDeviceToHost ? sync || !is_pinned(d)
+                                                           : sync && kind != cudaMemcpyDeviceToDevice && !staged;
+    if (staged) {
+        if (sync)
+            host_waits_for(S); /* "a stream sync is performed before the copy is initiated" */
+        emu_hb_read(src, n);
+    }
+    const op_order o = begin_op(S, false, false);
+    on_agent(S, o, [=] {
+        if (staged) {
+            emu_hb_write(d, n);
+            emu_quiet q;
+            memcpy(d, src, n);
+        } else
+            memcpy(d, src, n);
+    });
+    end_op(o);
+    if (host_waits)
+        emu_hb_acquire(o.end);
+}
+cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k)
+{
+    copy_op(NULL, d, s, n, k, true);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind k, cudaStream_t st)
+{
+    if (!recorded(st, [=](cudaStream_t r) { copy_op(r, d, s, n, k, false); }))
+        copy_op(st, d, s, n, k, false);
+    return cudaSuccess;
+}
+cudaError_t cudaMemset(void *d, int v, size_t n)
+{
+    device_op(NULL, [=] { memset(d, v, n); });
+    return cudaSuccess;
+}
 cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t st)
 {
     emu_on_stream(st, [=] { memset(d, v, n); });
     return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
-/* As CUDA: a captured stream cannot be synchronised. */
-cudaError_t cudaStreamSynchronize(cudaStream_t s) { return s && s->capture ? cudaErrorStreamCaptureUnsupported : cudaSuccess; }
-cudaError_t cudaStreamCreate(cudaStream_t *s) { *s = new CUstream_st{NULL}; return cudaSuccess; }
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) { return cudaStreamCreate(s); }
-cudaError_t cudaStreamDestroy(cudaStream_t s) { if (s) delete s->capture; delete s; return cudaSuccess; }
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode)
 {
     if (!s || s->capture)
         return cudaErrorInvalidValue;
-    s->capture = new std::vector<std::function<void()>>();
+    s->capture = new std::vector<std::function<void(cudaStream_t)>>();
     return cudaSuccess;
 }
 cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g)
@@ -452,8 +691,9 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s)
 {
     if (s && s->capture)
         return cudaErrorStreamCaptureUnsupported;
+    stream_of(s)->last_kernel = false; /* the graph's first kernel waits for the work before */
     for (auto &op : e->ops)
-        op();
+        op(s);
     return cudaSuccess;
 }
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) { delete e; return cudaSuccess; }
@@ -468,16 +708,30 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int)
     return cudaSuccess;
 }
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) { *free_bytes = *total_bytes = (size_t)8 << 30; return cudaSuccess; }
-cudaError_t cudaMallocHost(void **p, size_t n) { return cudaMalloc(p, n); }
-cudaError_t cudaFreeHost(void *p) { return cudaFree(p); }
 cudaError_t cudaGetLastError(void) { cudaError_t e = last_error; last_error = cudaSuccess; return e; }
 cudaError_t cudaPeekAtLastError(void) { return last_error; }
 const char *cudaGetErrorString(cudaError_t e) { return e ? "emu error" : "no error"; }
-struct CUevent_st { double t; };
-cudaError_t cudaEventCreate(cudaEvent_t *e) { *e = new CUevent_st{0}; return cudaSuccess; }
+/* An event: `done` holds the stream's work up to its record (released by the stream's fiber). */
+struct CUevent_st { double t; char done; };
+cudaError_t cudaEventCreate(cudaEvent_t *e) { *e = new CUevent_st{0, 0}; return cudaSuccess; }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { return cudaEventCreate(e); }
 cudaError_t cudaEventDestroy(cudaEvent_t e) { delete e; return cudaSuccess; }
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) { e->t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count(); return cudaSuccess; }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+static void record_event(cudaEvent_t e, cudaStream_t s)
+{
+    e->t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    CUstream_st *S = stream_of(s);
+    op_order o = {};
+    if (char *last = last_end(S))
+        o.start[o.n_start++] = last;
+    o.end = &e->done;
+    on_agent(S, o, [] {});
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
+{
+    if (!recorded(s, [=](cudaStream_t r) { record_event(e, r); }))
+        record_event(e, s);
+    return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) { emu_hb_acquire(&e->done); return cudaSuccess; }
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) { *ms = (float)(b->t - a->t); return cudaSuccess; }
 }

@@ -475,6 +475,8 @@ static bool part(int argc, char **argv, int k)
 
 int main(int argc, char **argv)
 {
+    /* These tests call the kernels on host memory and read it back at once. */
+    emu_host_waits(true);
     if (part(argc, argv, 0)) {
         test_embed_norm_silu(1, 256);
         test_embed_norm_silu(5, 300);

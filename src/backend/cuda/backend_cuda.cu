@@ -193,6 +193,19 @@ static enum cllm_status cu_mem_info(struct cllm_backend *be, size_t *free_bytes,
 
 /* --- weights --- */
 
+/* Copies n bytes from the host to the device on the backend's stream and waits for them: the
+ * source may be reused at once and every later kernel sees the bytes. Not cudaMemcpy: it runs
+ * on the legacy stream, which our non-blocking stream is not ordered after, and from pageable
+ * memory it may return before the bytes have landed (CUDA's API synchronization behavior) -
+ * the first kernels could read a weight still being written (the emulator's race check,
+ * tests/emu/emu.cpp, reported exactly that). */
+static enum cllm_status upload_now(struct cuda *c, void *dst, const void *src, size_t n,
+                                   const char *what)
+{
+    TRY(check_cuda(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c->stream), what));
+    return check_cuda(cudaStreamSynchronize(c->stream), what);
+}
+
 /* Copies rows [0, rows) of t, as BF16, to dst (device): BF16 files as they are, other types
  * widened and rounded on all cores, a staging buffer at a time. */
 static enum cllm_status upload_bf16_rows(struct cuda *c, const struct cllm_tensor *t,
@@ -200,9 +213,7 @@ static enum cllm_status upload_bf16_rows(struct cuda *c, const struct cllm_tenso
 {
     int64_t cols = t->ne[0], rows = cllm_tensor_nrows(t);
     if (t->dtype == CLLM_DTYPE_BF16) /* the file's bytes are the device's */
-        return check_cuda(
-            cudaMemcpy(dst, t->data, (size_t)(cols * rows) * 2, cudaMemcpyHostToDevice),
-            "weight upload");
+        return upload_now(c, dst, t->data, (size_t)(cols * rows) * 2, "weight upload");
     int64_t per_chunk = (int64_t)(STAGING_BYTES / ((size_t)cols * 2));
     if (per_chunk < 1)
         return cllm_fail(err, err_len, CLLM_ERR_UNSUPPORTED, "tensor %s: rows of %lld are too long",
@@ -215,16 +226,14 @@ static enum cllm_status upload_bf16_rows(struct cuda *c, const struct cllm_tenso
         if (!cllm_convert_rows_bf16(t, r0, n, stage, threads))
             return cllm_fail(err, err_len, CLLM_ERR_FORMAT, "tensor %s: cannot convert %s", t->name,
                              cllm_dtype_name(t->dtype));
-        TRY(check_cuda(
-            cudaMemcpy(dst + r0 * cols, stage, (size_t)(n * cols) * 2, cudaMemcpyHostToDevice),
-            "weight upload"));
+        TRY(upload_now(c, dst + r0 * cols, stage, (size_t)(n * cols) * 2, "weight upload"));
     }
     return CLLM_OK;
 }
 
 /* Copies a vector, as F32, to dst (device). */
-static enum cllm_status upload_f32_vector(const struct cllm_tensor *t, float *dst, char *err,
-                                          size_t err_len)
+static enum cllm_status upload_f32_vector(struct cuda *c, const struct cllm_tensor *t, float *dst,
+                                          char *err, size_t err_len)
 {
     float *f = (float *)malloc((size_t)t->ne[0] * sizeof(float));
     if (!f)
@@ -234,9 +243,7 @@ static enum cllm_status upload_f32_vector(const struct cllm_tensor *t, float *ds
         st = cllm_fail(err, err_len, CLLM_ERR_FORMAT, "tensor %s: cannot convert %s", t->name,
                        cllm_dtype_name(t->dtype));
     else
-        st =
-            check_cuda(cudaMemcpy(dst, f, (size_t)t->ne[0] * sizeof(float), cudaMemcpyHostToDevice),
-                       "vector upload");
+        st = upload_now(c, dst, f, (size_t)t->ne[0] * sizeof(float), "vector upload");
     free(f);
     return st;
 }
@@ -269,7 +276,7 @@ static enum cllm_status cu_weight_init_stacked(struct cllm_backend *be,
             st = upload_bf16_rows(c, t, (__nv_bfloat16 *)data + (int64_t)at * cols, err, err_len);
             at += (int)t->ne[1];
         } else {
-            st = upload_f32_vector(t, (float *)data + at, err, err_len);
+            st = upload_f32_vector(c, t, (float *)data + at, err, err_len);
             at += (int)t->ne[0];
         }
     }
@@ -918,9 +925,9 @@ static enum cllm_status probe_blas(struct cuda *c, char *err, size_t err_len)
     if (!st)
         st = check_cuda(cudaMalloc(&dy, sizeof got), "cudaMalloc (BLAS probe)");
     if (!st)
-        st = check_cuda(cudaMemcpy(dw, w, sizeof w, cudaMemcpyHostToDevice), "BLAS probe upload");
+        st = upload_now(c, dw, w, sizeof w, "BLAS probe upload");
     if (!st)
-        st = check_cuda(cudaMemcpy(dx, x, sizeof x, cudaMemcpyHostToDevice), "BLAS probe upload");
+        st = upload_now(c, dx, x, sizeof x, "BLAS probe upload");
     bool right = false;
     c->probing_blas = true;
     for (int mode = 0; !st && !right && mode < 2; mode++) {

@@ -17,8 +17,27 @@
 #define __forceinline__ inline
 #define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
+/* Static __shared__ variables: tests/emu/prep.py gives each a copy per block slot (below); left
+ * as statics in code it does not process. */
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
+
+/* Under ThreadSanitizer the emulator is a race checker (emu.cpp): then blocks run in EMU_SLOTS
+ * slots, each with its own TSan fibers and shared memory, so that blocks in different slots
+ * are not ordered (EMU_SETS slots a launch, two launches' worth). */
+#if defined(__SANITIZE_THREAD__)
+#define EMU_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define EMU_TSAN 1
+#endif
+#endif
+#if EMU_TSAN
+enum { EMU_SETS = 2, EMU_SLOTS = 2 * EMU_SETS };
+#else
+enum { EMU_SETS = 1, EMU_SLOTS = 1 };
+#endif
+extern unsigned emu_slot; /* the running block's slot */
 
 /* vector types */
 struct alignas(16) uint4 { unsigned x, y, z, w; };
@@ -72,10 +91,22 @@ struct dim3 {
     unsigned x, y, z;
     dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
-void emu_launch(std::function<void()> body, dim3 grid, dim3 block, size_t smem = 0, cudaStream_t s = 0);
-/* Host work on a stream (copies, sets, the emulated BLAS): now, or at the replay of the graph
- * being captured. */
+/* `pdl`: launched for programmatic dependent launch (vendor.h's cllm_launch): until the
+ * kernel's emu_pdl_wait it is not ordered after the kernel before it in the stream. */
+void emu_launch(std::function<void()> body, dim3 grid, dim3 block, size_t smem = 0, cudaStream_t s = 0,
+                bool pdl = false);
+void emu_pdl_wait(void);
+/* Device work on a stream that is not a kernel (the emulated BLAS): now, or at the replay of
+ * the graph being captured; under TSan on the stream's own fiber, ordered as a kernel would be. */
 void emu_on_stream(cudaStream_t s, const std::function<void()> &op);
+/* Whether the host is ordered after every piece of device work as it completes (true: what
+ * tests that call kernels on host memory and read it back at once expect) or only where CUDA
+ * orders it: a synchronize, a synchronous copy, an event waited for (false, the default: what
+ * code written for a GPU must get right). Only a TSan build tells the difference. */
+void emu_host_waits(bool every_op);
+/* A device-wide sequentially consistent fence, as __threadfence is (CUDA's programming guide):
+ * under TSan each fence is ordered after every fence before it. */
+void emu_threadfence(void);
 
 /* Call sites are source lines: the compiler may duplicate code, never lines. */
 #define EMU_SITE ((void *)(uintptr_t)__LINE__)
@@ -168,8 +199,7 @@ static inline unsigned long long __double2ull_rn(double d) { return (unsigned lo
 
 template <class T> static inline T __ldg(const T *p) { return *p; }
 template <class T> static inline T __ldcg(const T *p) { return *p; }
-/* Blocks run one after the other: every write is already visible to the next one. */
-static inline void __threadfence(void) {}
+static inline void __threadfence(void) { emu_threadfence(); }
 
 using std::isfinite;
 using std::isnan;

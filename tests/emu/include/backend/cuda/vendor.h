@@ -63,14 +63,16 @@ static inline void cllm_cp_async_commit(void) { emu_cp_commit(); }
 template <int N> static inline void cllm_cp_async_wait(void) { emu_cp_wait(N); }
 #endif /* CLLM_EMU_MUSA */
 
-/* Launches run one after the other here: no programmatic dependent launch to emulate. The
- * arguments are captured by value: a captured stream replays the launch later. */
-static inline void cllm_pdl_wait(void) {}
+/* Launches run one after the other here, but under TSan a kernel launched this way is
+ * ordered after the one before it only from its cllm_pdl_wait on, as programmatic dependent
+ * launch allows on sm_90 (emu.cpp). The arguments are captured by value: a captured stream
+ * replays the launch later. */
+static inline void cllm_pdl_wait(void) { emu_pdl_wait(); }
 template <class... KArgs, class... Args>
 static cudaError_t cllm_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
                                cudaStream_t stream, Args... args)
 {
-    emu_launch([=] { kernel(static_cast<KArgs>(args)...); }, grid, block, smem, stream);
+    emu_launch([=] { kernel(static_cast<KArgs>(args)...); }, grid, block, smem, stream, true);
     return cudaSuccess;
 }
 
