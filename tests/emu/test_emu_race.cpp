@@ -97,16 +97,23 @@ static void per_block_kernel(const float *in, float *out, bool shared_out)
 }
 
 /* The split attention's merge: each block writes its part, counts itself in, and the last one
- * sums every part. `fence`: the __threadfence between a block's part and its count. */
-static void merge_kernel(float *parts, float *out, int *count, bool fence)
+ * resets the count and sums every part. `fence`: the __threadfence between a block's part and
+ * its count; `atomic_reset`: the reset an atomicExch, not a plain store (which races with the
+ * others' atomicAdd: nothing orders them before it). */
+static void merge_kernel(float *parts, float *out, int *count, bool fence, bool atomic_reset = true)
 {
     __shared__ bool last;
     parts[blockIdx.x * N + threadIdx.x] = (float)(blockIdx.x * N + threadIdx.x);
     if (fence)
         __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0)
+    if (threadIdx.x == 0) {
         last = atomicAdd(count, 1) == (int)gridDim.x - 1;
+        if (last && atomic_reset)
+            atomicExch(count, 0);
+        else if (last)
+            *count = 0;
+    }
     __syncthreads();
     if (!last)
         return;
@@ -180,10 +187,13 @@ int main(void)
     expect("8 blocks writing one output", true,
            [=] { emu_launch([=] { per_block_kernel(pi, po, true); }, 8, N); });
     expect("last block merges, __threadfence before the count", false,
-           [=] { *pc = 0; emu_launch([=] { merge_kernel(pp, po, pc, true); }, 8, N); });
-    CHECKF(count == 8, "merge counted %d blocks, want 8", count);
+           [=] { emu_launch([=] { merge_kernel(pp, po, pc, true); }, 8, N); });
+    CHECKF(count == 0, "the merge left its count at %d, want 0", count);
+    CHECKF(out[5] == 8 * 5 + N * 28, "the merge summed %g, want %d", out[5], 8 * 5 + N * 28);
     expect("last block merges, no __threadfence before the count", true,
-           [=] { *pc = 0; emu_launch([=] { merge_kernel(pp, po, pc, false); }, 8, N); });
+           [=] { emu_launch([=] { merge_kernel(pp, po, pc, false); }, 8, N); });
+    expect("last block merges, resets the count with a plain store", true,
+           [=] { emu_launch([=] { merge_kernel(pp, po, pc, true, false); }, 8, N); });
 
     /* Then as code written for a GPU runs: the host ordered after the device only where CUDA
      * orders it. Each case ends by waiting for the device, so that it leaves nothing behind. */

@@ -492,7 +492,9 @@ static __global__ void __launch_bounds__(MMA_WARPS * 32)
 
     /* The last of the tile's tile_splits blocks to finish merges the split rows, in split
      * order (combine_one: the same bits whichever block it is), which saves the combine
-     * kernel's launch. The count is reset for the next launch by that block. */
+     * kernel's launch. The count is reset for the next launch by that block, atomically: a
+     * plain store would race with the other blocks' atomicAdd in CUDA's memory model (no
+     * fence orders them before it; the emulator's race check reports it). */
     __shared__ bool last;
     __threadfence(); /* this block's partials are visible before it is counted */
     __syncthreads();
@@ -500,7 +502,7 @@ static __global__ void __launch_bounds__(MMA_WARPS * 32)
         int32_t *counter = split_count(sc, t0, kvh);
         last = atomicAdd(counter, 1) == tile_splits - 1;
         if (last)
-            *counter = 0;
+            atomicExch(counter, 0);
     }
     __syncthreads();
     if (!last)
