@@ -525,23 +525,26 @@ static void step_failed(struct cllm_engine *e, enum cllm_status rc, bool plan)
     if (rc == CLLM_ERR_DEVICE && e->cfg.backend == CLLM_BACKEND_AUTO && on_gpu(e) &&
         move_to_cpu(e, rc))
         return;
+    /* The loss is recorded before any request ends with it: a client that gets the error and
+     * asks /health at once must see the device lost, not "ok". */
+    char lost[sizeof e->lost];
+    if (sticks) {
+        snprintf(lost, sizeof lost,
+                 "the %s device failed (%s) and cannot run requests any more: restart the server",
+                 e->be->iface->name, cllm_status_str(rc));
+        cllm_log(CLLM_LOG_ERROR, "engine: %s", lost);
+        pthread_mutex_lock(&e->lock);
+        memcpy(e->lost, lost, sizeof lost);
+        pthread_mutex_unlock(&e->lock);
+    }
     if (plan)
         fail_entries(e, p->entries, p->n_entries, msg);
     while (e->n_flights > 0) {
         fail_entries(e, flight_at(e, 0)->entries, flight_at(e, 0)->n_entries, msg);
         pop_flight(e);
     }
-    if (!sticks)
-        return;
-    char lost[sizeof e->lost];
-    snprintf(lost, sizeof lost,
-             "the %s device failed (%s) and cannot run requests any more: restart the server",
-             e->be->iface->name, cllm_status_str(rc));
-    cllm_log(CLLM_LOG_ERROR, "engine: %s", lost);
-    pthread_mutex_lock(&e->lock);
-    memcpy(e->lost, lost, sizeof lost);
-    pthread_mutex_unlock(&e->lock);
-    fail_all(e, lost);
+    if (sticks)
+        fail_all(e, lost);
 }
 
 /* Plans the next step and launches it. Then each request it samples gets a placeholder for

@@ -16,8 +16,8 @@
  * nothing but __threadfence (sequentially consistent: each fence is ordered after every fence
  * before it, as CUDA's fence.sc are) - so two blocks touching the same bytes, one writing,
  * with no fence pair between, are reported. Blocks run one after another in EMU_SETS slots
- * (emu.h), each with its own fibers and shared memory: a slot's blocks are ordered (they
- * reuse its fibers and memory), blocks in different slots are not, and consecutive blocks of
+ * (emu.h), each with its own fibers, stacks and shared memory: a slot's blocks are ordered
+ * (they reuse its fibers and memory), blocks in different slots are not, and consecutive blocks of
  * the scrambled order are always in different slots. Between launches, the device's timeline:
  * work on a stream is ordered after the stream's previous work, except that a kernel launched
  * for programmatic dependent launch (cllm_launch) is ordered after the kernel just before it
@@ -31,8 +31,10 @@
  * writes before cllm_pdl_wait, is reported, whichever order the emulator ran things in. The
  * emulator's own bookkeeping is hidden from TSan: ignored accesses (emu_quiet), uninstrumented
  * switches (EMU_UNCHECKED). tests/emu/test_emu_race.cpp checks that the races this should
- * find are found. Not modelled: two launches that are two kernels apart reuse slots (their
- * fibers order them, as stream order does on one stream, not across streams). */
+ * find are found. Not explored: other orders than the one run. A block that fenced before it
+ * counted itself in follows every earlier block's fence, so a missing fence after its count
+ * goes unseen; two launches two kernels apart reuse slots, so their fibers order them (as
+ * stream order does on one stream, not across streams). */
 #if EMU_TSAN
 #define EMU_UNCHECKED __attribute__((no_sanitize("thread")))
 #include <sanitizer/tsan_interface.h>
