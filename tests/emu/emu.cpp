@@ -274,12 +274,18 @@ void emu_cp_wait(int n)
 /* The launch running now: what its blocks are ordered after. */
 static const op_order *cur_op;
 
+/* What a piece of work does first (uninstrumented: the host wrote o unordered). */
+EMU_UNCHECKED static void acquire_start(const op_order &o)
+{
+    for (int k = 0; k < o.n_start; k++)
+        emu_hb_acquire(o.start[k]);
+}
+
 /* A green thread's first frame. It never returns, so it is not instrumented: TSan's shadow
  * stack of a fiber would grow by its frame with every block the fiber runs. */
 EMU_UNCHECKED static void trampoline()
 {
-    for (int k = 0; k < cur_op->n_start; k++)
-        emu_hb_acquire(cur_op->start[k]);
+    acquire_start(*cur_op);
     const unsigned g = slot_blocks[emu_slot];
     emu_hb_acquire(&slot_sync[emu_slot].block[(g - 1) & 1]);
     (*body_fn)();
@@ -308,17 +314,17 @@ void emu_threadfence(void)
 /* A stream: work runs at once, or is recorded while the stream is captured; under TSan it
  * keeps the order of its work (op i releases end[i % 3] as it ends). */
 struct CUstream_st {
-    std::vector<std::function<void(cudaStream_t)>> *capture; /* NULL: not capturing */
-    bool blocking;    /* ordered with the legacy stream (not cudaStreamNonBlocking) */
-    uint64_t n_ops;   /* work issued */
-    bool last_kernel; /* the last work was a kernel: a PDL launch may overlap it */
-    char end[3];
-    char enqueue;     /* the host's clock as it issued work */
-    void *agent;      /* TSan fiber for its copies, sets, BLAS calls and event records */
+    std::vector<std::function<void(cudaStream_t)>> *capture = NULL; /* NULL: not capturing */
+    bool blocking = true;      /* ordered with the legacy stream (not cudaStreamNonBlocking) */
+    uint64_t n_ops = 0;        /* work issued */
+    bool last_kernel = false;  /* the last work was a kernel: a PDL launch may overlap it */
+    char end[3] = {0, 0, 0};
+    char enqueue = 0;          /* the host's clock as it issued work */
+    void *agent = NULL;        /* TSan fiber for its copies, sets, BLAS calls and event records */
 };
 struct CUgraph_st { std::vector<std::function<void(cudaStream_t)>> ops; };
 struct CUgraphExec_st { std::vector<std::function<void(cudaStream_t)>> ops; };
-static CUstream_st legacy_stream = {NULL, true, 0, false, {0, 0, 0}, 0, NULL};
+static CUstream_st legacy_stream;
 static std::vector<CUstream_st *> streams; /* those created */
 static CUstream_st *stream_of(cudaStream_t s) { return s ? s : &legacy_stream; }
 static char *last_end(CUstream_st *S) { return S->n_ops ? &S->end[(S->n_ops - 1) % 3] : NULL; }
@@ -384,14 +390,14 @@ EMU_UNCHECKED static void on_agent(CUstream_st *S, const op_order &o, const std:
         S->agent = __tsan_create_fiber(0);
     void *host = __tsan_get_current_fiber();
     __tsan_switch_to_fiber(S->agent, __tsan_switch_to_fiber_no_sync);
-    for (int k = 0; k < o.n_start; k++)
-        __tsan_acquire(o.start[k]);
+#endif
+    acquire_start(o);
     (*mine)();
-    __tsan_release(o.end);
+    emu_hb_release(o.end);
+#if EMU_TSAN
     __tsan_switch_to_fiber(host, __tsan_switch_to_fiber_no_sync);
 #else
-    (void)S, (void)o;
-    (*mine)();
+    (void)S;
 #endif
     emu_quiet q;
     delete mine;
@@ -448,24 +454,25 @@ void emu_launch(std::function<void()> body, dim3 grid3, dim3 block3, size_t smem
     body_fn = mine;
     nthreads = block;
     threads.resize(block);
-    for (unsigned k = 0; k < EMU_SETS; k++)
-        while (stacks[first_slot + k].size() < block) {
-            void *p = mmap(NULL, STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-            stacks[first_slot + k].push_back((char *)p);
-        }
 #if EMU_TSAN
     static std::vector<void *> fibers[EMU_SLOTS]; /* one per thread of a slot, kept: they cost ~1 ms and ~1 MB each */
-    for (unsigned k = 0; k < EMU_SETS; k++)
-        while (fibers[first_slot + k].size() < block)
-            fibers[first_slot + k].push_back(__tsan_create_fiber(0));
     __atomic_store_n(&host_fiber, __tsan_get_current_fiber(), __ATOMIC_RELAXED);
 #endif
+    for (unsigned slot = first_slot; slot < first_slot + EMU_SETS; slot++) {
+        while (stacks[slot].size() < block) {
+            void *p = mmap(NULL, STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            stacks[slot].push_back((char *)p);
+        }
+#if EMU_TSAN
+        while (fibers[slot].size() < block)
+            fibers[slot].push_back(__tsan_create_fiber(0));
+#endif
+        dyn[slot].assign(smem + 8, 0xA5);
+    }
     warps.assign(block / 32, warp_state{});
     for (auto &w : warps) w.expect = 32;
     emu_gridDim = {grid3.x, grid3.y, grid3.z};
     emu_blockDim = {block, 1, 1};
-    for (unsigned k = 0; k < EMU_SETS; k++)
-        dyn[first_slot + k].assign(smem + 8, 0xA5);
     std::vector<unsigned> order(block);
     const op_order o = begin_op(stream_of(stream), true, pdl);
     cur_op = &o;
@@ -582,7 +589,8 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s)
 }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
 {
-    *s = new CUstream_st{NULL, !(flags & cudaStreamNonBlocking), 0, false, {0, 0, 0}, 0, NULL};
+    *s = new CUstream_st();
+    (*s)->blocking = !(flags & cudaStreamNonBlocking);
     streams.push_back(*s);
     return cudaSuccess;
 }
