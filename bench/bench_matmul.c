@@ -4,7 +4,8 @@
  * with 1 and 2 threads, printing time per call, GFLOP/s and weight GB/s. Decode is also run
  * "cold", cycling through the same tensor of every layer (more bytes than the L3 cache), next to
  * this machine's plain memory-read bandwidth measured in the same run, its bound. Synthetic
- * F32/F16/BF16 weights cover the float paths (also the 1.5B model's FFN shapes in BF16). Times
+ * F32/F16/BF16 weights cover the float paths (also the 1.5B model's FFN shapes in BF16, and the
+ * same quantized to Q6_K as --cpu-weights q6_k does). Times
  * are medians of repeated calls.
  * Usage: bench_matmul [model.gguf] [max_threads]
  */
@@ -18,6 +19,7 @@
 #include "backend/cpu/threadpool.h"
 #include "core/f16.h"
 #include "model/gguf.h"
+#include "tensor/convert.h"
 
 #define DEFAULT_MODEL "/root/.cache/cllm/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 #define MIN_SECONDS 0.4
@@ -203,6 +205,24 @@ int main(int argc, char **argv)
                                         esize * (uint64_t)n, sdata[f]};
     }
 
+    /* The 1.5B model's BF16 FFN weights quantized to Q6_K at load, as --cpu-weights q6_k
+     * does: what the CPU's 8-bit path gains over the float one. */
+    enum { N_Q6 = 2 };
+    struct cllm_tensor q6[N_Q6];
+    void *q6data[N_Q6];
+    for (int f = 0; f < N_Q6; f++) {
+        const struct cllm_tensor *src = &synth[N_SYNTH - N_Q6 + f];
+        uint64_t bytes;
+        if (!cllm_dtype_row_bytes(CLLM_DTYPE_Q6_K, src->ne[0], &bytes))
+            return 1;
+        bytes *= (uint64_t)src->ne[1];
+        if (!(q6data[f] = malloc(bytes)) ||
+            !cllm_convert_rows_q6_k(src, 0, src->ne[1], q6data[f], max_threads))
+            return 1;
+        q6[f] = (struct cllm_tensor){"synthetic", CLLM_DTYPE_Q6_K, 2,
+                                     {src->ne[0], src->ne[1], 1, 1}, bytes, q6data[f]};
+    }
+
     /* Touch the weights once so page faults stay out of the timings. */
     volatile uint8_t sink = 0;
     for (uint64_t i = 0; i < cllm_gguf_n_tensors(g); i++) {
@@ -235,10 +255,17 @@ int main(int argc, char **argv)
             bench_tensor(tp, "decode (synthetic)", &t, 1, 1);
             bench_tensor(tp, "prefill (synthetic)", &t, 1, 64);
         }
+        for (int f = 0; f < N_Q6; f++) {
+            const struct cllm_tensor *t = &q6[f];
+            bench_tensor(tp, "decode (synthetic)", &t, 1, 1);
+            bench_tensor(tp, "prefill (synthetic)", &t, 1, 64);
+        }
         cllm_threadpool_free(tp);
     }
     for (int f = 0; f < N_SYNTH; f++)
         free(sdata[f]);
+    for (int f = 0; f < N_Q6; f++)
+        free(q6data[f]);
     cllm_gguf_free(g);
     return 0;
 }

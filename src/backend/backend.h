@@ -238,10 +238,20 @@ enum cllm_backend_kind {
     CLLM_BACKEND_AUTO, /* the GPU (device 0) when one is compiled in and starts, else the CPU */
 };
 
+/* How the CPU backend holds float weight matrices. */
+enum cllm_cpu_weights {
+    CLLM_CPU_WEIGHTS_STORED, /* as the file stores them: exact (the default) */
+    CLLM_CPU_WEIGHTS_Q6_K,   /* F32/F16/BF16 matrices whose rows are whole 256-element blocks,
+                                quantized to Q6_K at load (tensor/convert.h): the 8-bit
+                                kernels, faster than the float ones, at ~2% error per weight;
+                                quantized GGUF weights and other rows stay as stored */
+};
+
 struct cllm_backend_options {
     enum cllm_backend_kind kind;
     int32_t n_threads; /* CPU: threads in the pool; 0 = physical cores */
     int32_t device;    /* CUDA: device ordinal */
+    enum cllm_cpu_weights cpu_weights; /* CPU: float matrices as stored, or quantized */
 };
 
 /* Creates a backend; CLLM_ERR_UNSUPPORTED for one not compiled in or without a device. */

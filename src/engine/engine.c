@@ -357,23 +357,26 @@ static int64_t default_kv_bytes(int64_t per_token, int32_t max_seqs, int32_t n_c
     return want > per_token * n_ctx ? want : per_token * n_ctx;
 }
 
-static enum cllm_status init_model_on(struct cllm_engine *e, enum cllm_backend_kind kind, char *err,
-                                      size_t err_len)
-{
-    const struct cllm_engine_config *cfg = &e->cfg;
-    struct cllm_backend_options bo = {kind, cfg->n_threads, cfg->device};
-    enum cllm_status st = cllm_backend_new(&e->be, &bo, err, err_len);
-    if (!st)
-        st = cllm_model_init(&e->model, e->mf, e->be, cfg->max_batch_tokens, cfg->max_seqs, err,
-                             err_len);
-    return st;
-}
-
 /* True when the model runs on a GPU: what the device check checks and what a failure moves
  * away from (any backend but the CPU's). */
 static bool on_gpu(const struct cllm_engine *e)
 {
     return strcmp(e->be->iface->name, "cpu") != 0;
+}
+
+static enum cllm_status init_model_on(struct cllm_engine *e, enum cllm_backend_kind kind, char *err,
+                                      size_t err_len)
+{
+    const struct cllm_engine_config *cfg = &e->cfg;
+    struct cllm_backend_options bo = {kind, cfg->n_threads, cfg->device, cfg->cpu_weights};
+    enum cllm_status st = cllm_backend_new(&e->be, &bo, err, err_len);
+    if (!st)
+        st = cllm_model_init(&e->model, e->mf, e->be, cfg->max_batch_tokens, cfg->max_seqs, err,
+                             err_len);
+    if (!st && cfg->cpu_weights == CLLM_CPU_WEIGHTS_Q6_K && !on_gpu(e))
+        cllm_log(CLLM_LOG_INFO, "cpu: float weight matrices quantized to Q6_K at load "
+                                "(--cpu-weights q6_k)");
+    return st;
 }
 
 /* Blocks of KV cache that kv_bytes buy on the current model (0: the CPU's default budget);

@@ -19,6 +19,8 @@ struct cllm_engine_config {
     int32_t device;           /* GPU ordinal */
     double gpu_mem_fraction;  /* GPU: share of device memory to use in all; 0 = 0.9 */
     int32_t n_threads;        /* CPU threads; 0 = physical cores */
+    enum cllm_cpu_weights cpu_weights; /* float matrices on the CPU (also after a GPU fails):
+                                          as stored, or quantized (backend.h) */
     int32_t n_ctx;            /* max tokens per sequence (prompt + generated); 0 = model's */
     int64_t kv_bytes;         /* KV cache budget in bytes; 0 = GPU: what gpu_mem_fraction leaves;
                                  CPU: enough for max_seqs x 2048 tokens, capped at 4 GiB */

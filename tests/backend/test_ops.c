@@ -42,7 +42,7 @@ static double max_abs_diff(const float *a, const float *b, int64_t n)
 static struct cllm_backend *make(int threads)
 {
     struct cllm_backend *be;
-    struct cllm_backend_options o = {CLLM_BACKEND_CPU, threads, 0};
+    struct cllm_backend_options o = {CLLM_BACKEND_CPU, threads, 0, CLLM_CPU_WEIGHTS_STORED};
     return cllm_backend_new(&be, &o, NULL, 0) == CLLM_OK ? be : NULL;
 }
 
@@ -224,7 +224,7 @@ int main(void)
     free(first_attn);
     free(first_kc);
     struct cllm_backend *be;
-    struct cllm_backend_options o = {CLLM_BACKEND_CPU, 100000, 0};
+    struct cllm_backend_options o = {CLLM_BACKEND_CPU, 100000, 0, CLLM_CPU_WEIGHTS_STORED};
     CHECK(cllm_backend_new(&be, &o, NULL, 0) == CLLM_ERR_INVALID_ARG);
     /* Without CUDA compiled in, or without a device, asking for CUDA is a clear error. */
     o.kind = CLLM_BACKEND_CUDA;

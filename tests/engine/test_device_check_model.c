@@ -47,7 +47,7 @@ static bool load(struct loaded *l, const char *path, int32_t threads, int32_t ma
                  int32_t max_outputs)
 {
     char err[512] = "";
-    struct cllm_backend_options o = {CLLM_BACKEND_CPU, threads, 0};
+    struct cllm_backend_options o = {CLLM_BACKEND_CPU, threads, 0, CLLM_CPU_WEIGHTS_STORED};
     memset(l, 0, sizeof *l);
     bool ok = !cllm_model_files_open(&l->mf, path, err, sizeof err) &&
               !cllm_backend_new(&l->be, &o, err, sizeof err) &&

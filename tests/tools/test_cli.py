@@ -114,7 +114,7 @@ def test_generate_errors():
     r = run(["generate", "--model", GGUF, "--prompt", "hi", "--max-tokens", "0"])
     check(r.returncode == 2 and b"invalid value" in r.stderr, "--max-tokens 0 is refused")
     for flag, value in [("--gpu-mem-fraction", "0"), ("--gpu-mem-fraction", "1.5"),
-                        ("--device", "tpu"), ("--device", "cuda:x")]:
+                        ("--device", "tpu"), ("--device", "cuda:x"), ("--cpu-weights", "q8")]:
         r = run(["generate", "--model", GGUF, "--prompt", "hi", flag, value])
         check(r.returncode == 2 and b"invalid value" in r.stderr, f"{flag} {value} is refused")
     # A GPU the machine does not have (no device, or a build without CUDA): a clear error.
@@ -129,6 +129,12 @@ def test_generate_errors():
                 + args)
         check(r.returncode == 0 and (b"[cpu]" in r.stderr or b"[cuda]" in r.stderr),
               f"generate {args or '(no --device)'} runs where it can: {r.stderr[-300:]}")
+    # Float weights quantized at load on the CPU (test_forward_model checks the logits): it
+    # answers.
+    r = run(["generate", "--model", HF, "--raw", "--prompt", "1, 2, 3, 4,", "--max-tokens", "4",
+             "--device", "cpu", "--cpu-weights", "q6_k"])
+    check(r.returncode == 0 and len(r.stdout.strip()) > 0 and b"[cpu]" in r.stderr,
+          f"--cpu-weights q6_k runs an HF folder and answers: {r.stderr[-300:]}")
     r = run(["generate", "--model", GGUF, "--raw", "--prompt", "1, 2, 3, 4,", "--max-tokens", "4"])
     check(r.returncode == 0 and len(r.stdout.strip()) > 0 and b"decode" in r.stderr,
           f"generate streams an answer and reports rates: {r.stderr[-300:]}")

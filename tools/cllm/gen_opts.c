@@ -129,6 +129,14 @@ int cllm_gen_opts_parse(struct cllm_gen_opts *g, int code, const char *arg)
             ok = false;
         }
         break;
+    case OPT_CPU_WEIGHTS:
+        if (strcmp(arg, "stored") == 0)
+            g->engine.cpu_weights = CLLM_CPU_WEIGHTS_STORED;
+        else if (strcmp(arg, "q6_k") == 0)
+            g->engine.cpu_weights = CLLM_CPU_WEIGHTS_Q6_K;
+        else
+            ok = false;
+        break;
     case OPT_GPU_MEM_FRACTION: {
         float f = 0.0f;
         ok = parse_float(arg, &f) && f > 0.0f && f <= 1.0f;

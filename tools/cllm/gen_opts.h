@@ -19,7 +19,7 @@ enum {
     OPT_MAX_TOKENS = 1000, OPT_TEMPERATURE, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_REP_PENALTY,
     OPT_PRESENCE, OPT_FREQUENCY, OPT_SEED, OPT_STOP, OPT_THREADS, OPT_CTX, OPT_KV_MEM,
     OPT_BATCH_TOKENS, OPT_MAX_SEQS, OPT_NO_PREFIX_CACHE, OPT_DEVICE, OPT_GPU_MEM_FRACTION,
-    OPT_NO_DEVICE_CHECK,
+    OPT_NO_DEVICE_CHECK, OPT_CPU_WEIGHTS,
 };
 
 #define CLLM_GEN_LONG_OPTIONS                                                                      \
@@ -38,7 +38,8 @@ enum {
         {"no-prefix-cache", no_argument, 0, OPT_NO_PREFIX_CACHE},                                  \
         {"device", required_argument, 0, OPT_DEVICE},                                              \
         {"gpu-mem-fraction", required_argument, 0, OPT_GPU_MEM_FRACTION},                          \
-        {"no-device-check", no_argument, 0, OPT_NO_DEVICE_CHECK}
+        {"no-device-check", no_argument, 0, OPT_NO_DEVICE_CHECK},                                  \
+        {"cpu-weights", required_argument, 0, OPT_CPU_WEIGHTS}
 
 #define CLLM_GEN_USAGE                                                                             \
     "  --max-tokens N          tokens to generate at most\n"                                       \
@@ -55,7 +56,10 @@ enum {
     "  --gpu-mem-fraction F    share of GPU memory cllm may use in all (default 0.9): the KV\n"   \
     "                          cache gets what the weights leave of it\n"                        \
     "  --no-device-check       skip comparing the GPU's logits with the CPU's at start (a GPU\n" \
-    "                          that fails it: auto runs on the CPU, cuda stops with an error)\n"
+    "                          that fails it: auto runs on the CPU, cuda stops with an error)\n" \
+    "  --cpu-weights stored|q6_k   float weights on the CPU (also after a GPU fails): as the\n" \
+    "                          files store them (default, exact), or quantized to Q6_K at\n"     \
+    "                          load: ~1.5x faster batches, ~2%% error per weight\n"
 
 /* What the flags said; "set" bits record which sampling values were given explicitly. */
 struct cllm_gen_opts {

@@ -1,8 +1,9 @@
 /*
  * CPU implementation of backend.h. Device pointers are host pointers; weights are used in
- * place from the mapped file (matrices in their stored dtype; only small vectors such as norm
- * weights and biases are widened to F32 once). Ops run synchronously; each splits its rows
- * over the pool unless it is too small to be worth a dispatch.
+ * place from the mapped file (matrices in their stored dtype, unless CLLM_CPU_WEIGHTS_Q6_K
+ * quantizes float ones at load; only small vectors such as norm weights and biases are widened
+ * to F32 once). Ops run synchronously; each splits its rows over the pool unless it is too
+ * small to be worth a dispatch.
  */
 #include "backend/cpu/backend_cpu.h"
 
@@ -16,6 +17,8 @@
 #include "backend/cpu/threadpool.h"
 #include "core/alloc.h"
 #include "core/status.h"
+#include "tensor/convert.h"
+#include "tensor/quant.h"
 
 /* Below this many elements an elementwise op runs on the calling thread alone. */
 #define MIN_PARALLEL_ELEMS 32768
@@ -23,6 +26,7 @@
 struct cpu {
     struct cllm_backend be;
     struct cllm_threadpool *tp;
+    enum cllm_cpu_weights weights;
     void *scratch; /* matmul activation quantization buffer */
     size_t scratch_size;
     float *rope_cos, *rope_sin; /* [rope_positions][head_dim / 2], computed on demand */
@@ -106,6 +110,29 @@ static enum cllm_status cpu_weight_init_stacked(struct cllm_backend *be,
     return CLLM_OK;
 }
 
+/* w (a float matrix) becomes an owned Q6_K copy of t, quantized on the pool's threads. */
+static enum cllm_status quantize_q6_k(struct cpu *c, const struct cllm_tensor *t,
+                                      struct cllm_weight *w, char *err, size_t err_len)
+{
+    uint64_t row_bytes, bytes;
+    void *q = NULL;
+    if (!cllm_dtype_row_bytes(CLLM_DTYPE_Q6_K, t->ne[0], &row_bytes) ||
+        !cllm_mul_u64(row_bytes, (uint64_t)t->ne[1], &bytes) || bytes > SIZE_MAX ||
+        cpu_alloc(&c->be, (size_t)bytes, &q))
+        return cllm_fail(err, err_len, CLLM_ERR_NOMEM, "tensor %s: no memory to quantize it",
+                         t->name);
+    if (!cllm_convert_rows_q6_k(t, 0, t->ne[1], q, cllm_threadpool_n_threads(c->tp))) {
+        free(q);
+        return cllm_fail(err, err_len, CLLM_ERR_FORMAT,
+                         "tensor %s: cannot quantize it to Q6_K (a value that is not finite, "
+                         "or too large): use --cpu-weights stored",
+                         t->name);
+    }
+    w->data = q;
+    w->dtype = CLLM_DTYPE_Q6_K;
+    return CLLM_OK;
+}
+
 static enum cllm_status cpu_weight_init(struct cllm_backend *be, const struct cllm_tensor *t,
                                         struct cllm_weight *w, char *err, size_t err_len)
 {
@@ -121,6 +148,9 @@ static enum cllm_status cpu_weight_init(struct cllm_backend *be, const struct cl
     w->ne[0] = t->ne[0];
     w->ne[1] = t->n_dims == 2 ? t->ne[1] : 1;
     w->data = t->data;
+    if (cpu_of(be)->weights == CLLM_CPU_WEIGHTS_Q6_K && t->n_dims == 2 &&
+        cllm_backend_elem_size(t->dtype) && t->ne[0] % CLLM_QK_K == 0)
+        return quantize_q6_k(cpu_of(be), t, w, err, err_len);
     return CLLM_OK;
 }
 
@@ -219,6 +249,20 @@ static enum cllm_status cpu_add_rmsnorm(struct cllm_backend *be, float *res, con
 
 /* --- matmul --- */
 
+/* The weight as the tensor the matmul reads: the file's, or the backend's own copy of it (a
+ * quantized one under CLLM_CPU_WEIGHTS_Q6_K). */
+static struct cllm_tensor weight_tensor(const struct cllm_weight *w)
+{
+    struct cllm_tensor t = *w->host;
+    uint64_t row_bytes;
+    if (w->data != w->host->data && cllm_dtype_row_bytes(w->dtype, w->ne[0], &row_bytes)) {
+        t.dtype = w->dtype;
+        t.data = w->data;
+        t.nbytes = row_bytes * (uint64_t)w->ne[1]; /* allocated as such: no overflow */
+    }
+    return t;
+}
+
 static enum cllm_status cpu_matmul(struct cllm_backend *be, const struct cllm_weight *w,
                                    const struct cllm_weight *bias, const void *x, int32_t n,
                                    float *y, int32_t ldy)
@@ -233,7 +277,8 @@ static enum cllm_status cpu_matmul(struct cllm_backend *be, const struct cllm_we
         c->scratch = p;
         c->scratch_size = need;
     }
-    enum cllm_status st = cllm_cpu_matmul(c->tp, w->host, x, n, y, ldy, c->scratch, c->scratch_size);
+    const struct cllm_tensor wt = weight_tensor(w);
+    enum cllm_status st = cllm_cpu_matmul(c->tp, &wt, x, n, y, ldy, c->scratch, c->scratch_size);
     if (st || !bias)
         return st;
     const float *b = bias->data;
@@ -563,8 +608,8 @@ static const struct cllm_backend_iface cpu_iface = {
     .host_run = cpu_host_run,
 };
 
-enum cllm_status cllm_backend_cpu_new(struct cllm_backend **out, int32_t n_threads, char *err,
-                                      size_t err_len)
+enum cllm_status cllm_backend_cpu_new(struct cllm_backend **out, int32_t n_threads,
+                                      enum cllm_cpu_weights weights, char *err, size_t err_len)
 {
     *out = NULL;
     if (n_threads <= 0)
@@ -580,6 +625,7 @@ enum cllm_status cllm_backend_cpu_new(struct cllm_backend **out, int32_t n_threa
         free(c);
         return cllm_fail(err, err_len, st, "cannot start %d threads", (int)n_threads);
     }
+    c->weights = weights;
     c->be.iface = &cpu_iface;
     c->be.ctx = c;
     *out = &c->be;
