@@ -374,8 +374,8 @@ static enum cllm_status init_model_on(struct cllm_engine *e, enum cllm_backend_k
         st = cllm_model_init(&e->model, e->mf, e->be, cfg->max_batch_tokens, cfg->max_seqs, err,
                              err_len);
     if (!st && cfg->cpu_weights == CLLM_CPU_WEIGHTS_Q6_K && !on_gpu(e))
-        cllm_log(CLLM_LOG_INFO, "cpu: float weight matrices quantized to Q6_K at load "
-                                "(--cpu-weights q6_k)");
+        cllm_log(CLLM_LOG_INFO, "cpu: --cpu-weights q6_k: float weight matrices whose rows are "
+                                "whole 256-element blocks were quantized to Q6_K at load");
     return st;
 }
 

@@ -47,7 +47,8 @@ enum {
     "  --top-k K  --top-p P  --min-p P  --repetition-penalty R\n"                                  \
     "  --presence-penalty P  --frequency-penalty P  --seed S\n"                                    \
     "  --stop TEXT             stop string (repeatable)\n"                                         \
-    "  --threads N             CPU threads (default: physical cores)\n"                            \
+    "  --threads N             CPU threads (default: the physical cores this process may\n"      \
+    "                          use: its CPU affinity, at most its container's CPU quota)\n"     \
     "  --ctx N                 context window in tokens (default: the model's)\n"                  \
     "  --kv-mem BYTES          KV cache budget, e.g. 2G or 512M\n"                                 \
     "  --batch-tokens N  --max-seqs N  --no-prefix-cache\n"                                      \

@@ -6,6 +6,7 @@
 #include "backend/cpu/threadpool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -141,33 +142,92 @@ void cllm_threadpool_run(struct cllm_threadpool *tp, cllm_task_fn fn, void *ctx)
         cpu_relax();
 }
 
-int cllm_cpu_physical_cores(void)
+int cllm_cpuinfo_cores(FILE *cpuinfo, const cpu_set_t *allowed)
 {
-    /* Count distinct (physical id, core id) pairs; fall back to the online CPU count. */
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    int cores = 0;
-    if (f) {
-        char line[256];
-        int phys = 0, seen[4096][2], n_seen = 0;
-        while (fgets(line, sizeof line, f)) {
-            int v;
-            if (sscanf(line, "physical id : %d", &v) == 1)
-                phys = v;
-            else if (sscanf(line, "core id : %d", &v) == 1) {
-                bool dup = false;
-                for (int i = 0; i < n_seen; i++)
-                    dup |= seen[i][0] == phys && seen[i][1] == v;
-                if (!dup && n_seen < 4096) {
-                    seen[n_seen][0] = phys;
-                    seen[n_seen][1] = v;
-                    n_seen++;
-                }
+    /* Count distinct (physical id, core id) pairs of the allowed processors. */
+    char line[256];
+    int processor = -1, phys = 0, seen[4096][2], n_seen = 0;
+    while (fgets(line, sizeof line, cpuinfo)) {
+        int v;
+        if (sscanf(line, "processor : %d", &v) == 1) {
+            processor = v;
+            phys = 0;
+        } else if (sscanf(line, "physical id : %d", &v) == 1) {
+            phys = v;
+        } else if (sscanf(line, "core id : %d", &v) == 1) {
+            if (allowed && (processor < 0 || processor >= CPU_SETSIZE ||
+                            !CPU_ISSET((size_t)processor, allowed)))
+                continue;
+            bool dup = false;
+            for (int i = 0; i < n_seen; i++)
+                dup |= seen[i][0] == phys && seen[i][1] == v;
+            if (!dup && n_seen < 4096) {
+                seen[n_seen][0] = phys;
+                seen[n_seen][1] = v;
+                n_seen++;
             }
         }
-        fclose(f);
-        cores = n_seen;
     }
+    return n_seen;
+}
+
+int cllm_cgroup_quota_cores(const char *cpu_max)
+{
+    long long quota, period;
+    if (!cpu_max || sscanf(cpu_max, "%lld %lld", &quota, &period) != 2 || quota <= 0 ||
+        period <= 0)
+        return 0; /* "max ...": no quota; anything else unreadable */
+    const long long cores = quota / period;
+    return cores < 1 ? 1 : cores > 4096 ? 4096 : (int)cores;
+}
+
+/* The first line of a small file, or NULL. */
+static char *read_line(const char *path, char *buf, size_t len)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return NULL;
+    char *r = fgets(buf, (int)len, f);
+    fclose(f);
+    return r;
+}
+
+/* Whole cores of this process's cgroup CPU quota (v2, else v1), 0 if none. */
+static int quota_cores(void)
+{
+    char a[128], b[128], both[256];
+    if (read_line("/sys/fs/cgroup/cpu.max", a, sizeof a))
+        return cllm_cgroup_quota_cores(a);
+    static const char *const v1[] = {"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"};
+    for (size_t i = 0; i < sizeof v1 / sizeof v1[0]; i++) {
+        char qp[96], pp[96];
+        snprintf(qp, sizeof qp, "%s/cpu.cfs_quota_us", v1[i]);
+        snprintf(pp, sizeof pp, "%s/cpu.cfs_period_us", v1[i]);
+        if (read_line(qp, a, sizeof a) && read_line(pp, b, sizeof b)) {
+            snprintf(both, sizeof both, "%lld %lld", atoll(a), atoll(b));
+            return cllm_cgroup_quota_cores(both);
+        }
+    }
+    return 0;
+}
+
+int cllm_cpu_physical_cores(void)
+{
+    cpu_set_t allowed;
+    const bool have_mask = sched_getaffinity(0, sizeof allowed, &allowed) == 0;
+    int cores = 0;
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f) {
+        cores = cllm_cpuinfo_cores(f, have_mask ? &allowed : NULL);
+        fclose(f);
+    }
+    /* No core ids listed (some VMs and architectures): one core per usable CPU. */
     if (cores <= 0)
-        cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+        cores = have_mask ? CPU_COUNT(&allowed) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    /* A container's CPU quota (docker --cpus): more threads than it allows would be throttled
+     * in turns, and an op waits for its slowest thread. */
+    const int quota = quota_cores();
+    if (quota > 0 && quota < cores)
+        cores = quota;
     return cores > 0 ? cores : 1;
 }

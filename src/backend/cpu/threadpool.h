@@ -7,7 +7,9 @@
 #ifndef CLLM_BACKEND_CPU_THREADPOOL_H
 #define CLLM_BACKEND_CPU_THREADPOOL_H
 
+#include <sched.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "cllm.h"
 
@@ -32,7 +34,18 @@ static inline void cllm_split_rows(int64_t n, int ith, int nth, int64_t *start, 
     *end = *start + per < n ? *start + per : n;
 }
 
-/* Physical cores of this machine (the default thread count), at least 1. */
+/* The default thread count, at least 1: the physical cores this process may run on (its CPU
+ * affinity's distinct cores in /proc/cpuinfo), at most the whole cores of its cgroup's CPU
+ * quota (a container's --cpus). */
 int cllm_cpu_physical_cores(void);
+
+/* Distinct (physical id, core id) pairs in a /proc/cpuinfo text among the processors in allowed
+ * (NULL: all); 0 if it lists no core ids. */
+int cllm_cpuinfo_cores(FILE *cpuinfo, const cpu_set_t *allowed);
+
+/* Whole cores of a cgroup CPU quota given as cgroup v2's cpu.max text, "QUOTA PERIOD" (v1's
+ * cfs_quota_us and cfs_period_us): floor(QUOTA / PERIOD), at least 1; 0 for no quota ("max",
+ * a negative v1 quota) or an unreadable text. */
+int cllm_cgroup_quota_cores(const char *cpu_max);
 
 #endif
