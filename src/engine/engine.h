@@ -23,7 +23,8 @@ struct cllm_engine_config {
                                           as stored, or quantized (backend.h) */
     int32_t n_ctx;            /* max tokens per sequence (prompt + generated); 0 = model's */
     int64_t kv_bytes;         /* KV cache budget in bytes; 0 = GPU: what gpu_mem_fraction leaves;
-                                 CPU: enough for max_seqs x 2048 tokens, capped at 4 GiB */
+                                 CPU: enough for max_seqs x 2048 tokens, capped at 4 GiB or an
+                                 eighth of the process's memory limit, whichever is more */
     int32_t block_size;       /* tokens per KV block; 0 = 16 */
     int32_t max_batch_tokens; /* token budget per step; 0 = 512 */
     int32_t max_seqs;         /* sequences per step; 0 = 256 */

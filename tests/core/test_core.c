@@ -3,11 +3,13 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/alloc.h"
 #include "core/buf.h"
 #include "core/f16.h"
 #include "core/hashmap.h"
+#include "core/memory_limit.h"
 #include "core/mmap.h"
 #include "core/status.h"
 #include "test.h"
@@ -130,8 +132,25 @@ static void test_mmap_errors(void)
     CHECK(cllm_read_file("/proc/self/exe", 10, &data, &len, err, sizeof err) == CLLM_ERR_RANGE);
 }
 
+/* The memory limit: cgroup texts parsed as the kernel writes them; the process's own limit is
+ * known and no more than the machine's RAM. */
+static void test_memory_limit(void)
+{
+    CHECK(cllm_cgroup_memory_limit("max\n") == 0);
+    CHECK(cllm_cgroup_memory_limit("17179869184\n") == 17179869184ull); /* --memory 16g */
+    CHECK(cllm_cgroup_memory_limit("9223372036854771712\n") == 0);       /* v1: no limit */
+    CHECK(cllm_cgroup_memory_limit("") == 0);
+    CHECK(cllm_cgroup_memory_limit("12k") == 0);
+    CHECK(cllm_cgroup_memory_limit(NULL) == 0);
+    const uint64_t ram = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+    const uint64_t limit = cllm_memory_limit();
+    CHECKF(limit > 0 && limit <= ram, "limit %llu of %llu bytes of RAM",
+           (unsigned long long)limit, (unsigned long long)ram);
+}
+
 int main(void)
 {
+    test_memory_limit();
     test_overflow();
     test_buf();
     test_maps();
