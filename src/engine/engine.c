@@ -28,7 +28,7 @@
 #include "backend/cpu/threadpool.h"
 #include "core/alloc.h"
 #include "core/log.h"
-#include "core/memory_limit.h"
+#include "core/limits.h"
 #include "core/status.h"
 #include "engine/device_check.h"
 #include "engine/scheduler.h"

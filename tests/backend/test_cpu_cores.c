@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "backend/cpu/threadpool.h"
+#include "core/limits.h"
 #include "test.h"
 
 /* Two sockets of two cores of two hyperthreads: processor p is socket p / 4, core (p / 2) % 2

@@ -9,7 +9,7 @@
 #include "core/buf.h"
 #include "core/f16.h"
 #include "core/hashmap.h"
-#include "core/memory_limit.h"
+#include "core/limits.h"
 #include "core/mmap.h"
 #include "core/status.h"
 #include "test.h"

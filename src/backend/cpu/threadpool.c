@@ -14,6 +14,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/limits.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define cpu_relax() _mm_pause()
@@ -171,46 +173,6 @@ int cllm_cpuinfo_cores(FILE *cpuinfo, const cpu_set_t *allowed)
     return n_seen;
 }
 
-int cllm_cgroup_quota_cores(const char *cpu_max)
-{
-    long long quota, period;
-    if (!cpu_max || sscanf(cpu_max, "%lld %lld", &quota, &period) != 2 || quota <= 0 ||
-        period <= 0)
-        return 0; /* "max ...": no quota; anything else unreadable */
-    const long long cores = quota / period;
-    return cores < 1 ? 1 : cores > 4096 ? 4096 : (int)cores;
-}
-
-/* The first line of a small file, or NULL. */
-static char *read_line(const char *path, char *buf, size_t len)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return NULL;
-    char *r = fgets(buf, (int)len, f);
-    fclose(f);
-    return r;
-}
-
-/* Whole cores of this process's cgroup CPU quota (v2, else v1), 0 if none. */
-static int quota_cores(void)
-{
-    char a[128], b[128], both[256];
-    if (read_line("/sys/fs/cgroup/cpu.max", a, sizeof a))
-        return cllm_cgroup_quota_cores(a);
-    static const char *const v1[] = {"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"};
-    for (size_t i = 0; i < sizeof v1 / sizeof v1[0]; i++) {
-        char qp[96], pp[96];
-        snprintf(qp, sizeof qp, "%s/cpu.cfs_quota_us", v1[i]);
-        snprintf(pp, sizeof pp, "%s/cpu.cfs_period_us", v1[i]);
-        if (read_line(qp, a, sizeof a) && read_line(pp, b, sizeof b)) {
-            snprintf(both, sizeof both, "%lld %lld", atoll(a), atoll(b));
-            return cllm_cgroup_quota_cores(both);
-        }
-    }
-    return 0;
-}
-
 int cllm_cpu_physical_cores(void)
 {
     cpu_set_t allowed;
@@ -226,7 +188,7 @@ int cllm_cpu_physical_cores(void)
         cores = have_mask ? CPU_COUNT(&allowed) : (int)sysconf(_SC_NPROCESSORS_ONLN);
     /* A container's CPU quota (docker --cpus): more threads than it allows would be throttled
      * in turns, and an op waits for its slowest thread. */
-    const int quota = quota_cores();
+    const int quota = cllm_cpu_quota_cores();
     if (quota > 0 && quota < cores)
         cores = quota;
     return cores > 0 ? cores : 1;

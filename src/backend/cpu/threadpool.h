@@ -43,9 +43,4 @@ int cllm_cpu_physical_cores(void);
  * (NULL: all); 0 if it lists no core ids. */
 int cllm_cpuinfo_cores(FILE *cpuinfo, const cpu_set_t *allowed);
 
-/* Whole cores of a cgroup CPU quota given as cgroup v2's cpu.max text, "QUOTA PERIOD" (v1's
- * cfs_quota_us and cfs_period_us): floor(QUOTA / PERIOD), at least 1; 0 for no quota ("max",
- * a negative v1 quota) or an unreadable text. */
-int cllm_cgroup_quota_cores(const char *cpu_max);
-
 #endif
