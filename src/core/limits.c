@@ -45,8 +45,7 @@ uint64_t cllm_memory_limit(void)
 int cllm_cgroup_quota_cores(const char *cpu_max)
 {
     long long quota, period;
-    if (!cpu_max || sscanf(cpu_max, "%lld %lld", &quota, &period) != 2 || quota <= 0 ||
-        period <= 0)
+    if (!cpu_max || sscanf(cpu_max, "%lld %lld", &quota, &period) != 2 || quota <= 0 || period <= 0)
         return 0; /* "max ...": no quota; anything else unreadable */
     const long long cores = quota / period;
     return cores < 1 ? 1 : cores > 4096 ? 4096 : (int)cores;
