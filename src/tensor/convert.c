@@ -164,11 +164,6 @@ bool cllm_convert_rows_bf16(const struct cllm_tensor *t, int64_t row0, int64_t n
                         n_threads);
 }
 
-static bool encode_q6_k(const float *row, int64_t cols, void *dst)
-{
-    return cllm_quantize_row_q6_k(row, cols, dst);
-}
-
 bool cllm_convert_rows_q6_k(const struct cllm_tensor *t, int64_t row0, int64_t n_rows, void *dst,
                             int n_threads)
 {
@@ -176,5 +171,5 @@ bool cllm_convert_rows_q6_k(const struct cllm_tensor *t, int64_t row0, int64_t n
     if (t->ne[0] <= 0 || t->ne[0] % CLLM_QK_K ||
         !cllm_dtype_row_bytes(CLLM_DTYPE_Q6_K, t->ne[0], &dst_row_bytes))
         return false;
-    return convert_rows(t, row0, n_rows, dst_row_bytes, encode_q6_k, dst, n_threads);
+    return convert_rows(t, row0, n_rows, dst_row_bytes, cllm_quantize_row_q6_k, dst, n_threads);
 }

@@ -25,9 +25,9 @@ bool cllm_convert_rows_bf16(const struct cllm_tensor *t, int64_t row0, int64_t n
 /* One row of n floats (n a multiple of 256) as n / 256 Q6_K blocks (tensor/quant.h): per
  * sub-block of 16 a scale s = amax / 31, stored as an int8 multiple sc of the block's F16
  * scale d (max(s) / 127 rounded up to an F16); each element q = x / (d * sc) clamped to
- * [-32, 31] and rounded to nearest (ties to even). A plain quantizer (ggml's also searches each sub-block's scale): per element the
- * error is at most max(amax of its 16 / 62 + d / 4, 15.5 d). False, dst then partly written,
- * if a value is not finite or d does not fit an F16. */
+ * [-32, 31] and rounded to nearest (ties to even). A plain quantizer (ggml's also searches
+ * each sub-block's scale): per element the error is at most max(amax of its 16 / 62 + d / 4,
+ * 15.5 d). False, dst then partly written, if a value is not finite or d does not fit an F16. */
 bool cllm_quantize_row_q6_k(const float *x, int64_t n, void *dst);
 
 /* dst = rows [row0, row0 + n_rows) of t (any float or quantized type, dequantized first) as

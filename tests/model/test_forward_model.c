@@ -154,8 +154,10 @@ static void run_case(struct runner *r, const cJSON *c, bool exact, bool with_gre
     int same_greedy = 0;
     while (same_greedy < n_greedy && gen[same_greedy] == greedy[same_greedy])
         same_greedy++;
-    printf("  %-13s %3d tokens: top-1 %3d/%3d, cos %.6f, max err %.2e of range, greedy %d/%d same",
-           name, n, agree, n, cosv, rel, same_greedy, n_greedy);
+    printf("  %-13s %3d tokens: top-1 %3d/%3d, cos %.6f, max err %.2e of range", name, n, agree,
+           n, cosv, rel);
+    if (with_greedy)
+        printf(", greedy %d/%d same", same_greedy, n_greedy);
     if (llama) {
         int32_t n_llama;
         int32_t *lg = test_json_ids(cJSON_GetObjectItem(llama, "greedy"), &n_llama);
@@ -193,7 +195,6 @@ static void check_same_logits(struct runner *a, struct runner *b, const cJSON *c
     CHECKF(memcmp(la, lb, (size_t)n * a->n_vocab * sizeof(float)) == 0, "%s", what);
     free(ids), free(la), free(lb);
 }
-
 
 /* A step drawn the way a GPU draws it, on the CPU (cllm_model_launch_sample without a device
  * sampler): a prompt's step, then a decode step run ahead of it whose token is the prompt
