@@ -65,6 +65,19 @@ void cllm_backend_free(struct cllm_backend *be)
         be->iface->free(be);
 }
 
+enum cllm_status cllm_backend_alloc_zeroed(struct cllm_backend *be, size_t bytes, void **out)
+{
+    const struct cllm_backend_iface *i = be->iface;
+    if (i->alloc_zeroed)
+        return i->alloc_zeroed(be, bytes, out);
+    enum cllm_status st = i->alloc(be, bytes, out);
+    if (!st && (st = i->memzero(be, *out, bytes))) {
+        i->dealloc(be, *out);
+        *out = NULL;
+    }
+    return st;
+}
+
 size_t cllm_backend_elem_size(enum cllm_dtype t)
 {
     switch (t) {

@@ -122,6 +122,9 @@ struct cllm_backend_iface {
     enum cllm_status (*download)(struct cllm_backend *be, void *dst, const void *src, size_t n);
     /* Sets n bytes at dst to zero. */
     enum cllm_status (*memzero)(struct cllm_backend *be, void *dst, size_t n);
+    /* Optional (NULL: alloc, then memzero): memory that reads as zeros, freed by dealloc,
+     * without paying for the zeros up front. Callers use cllm_backend_alloc_zeroed. */
+    enum cllm_status (*alloc_zeroed)(struct cllm_backend *be, size_t bytes, void **out);
     /* Optional (NULL: no limit the backend knows of): free and total device memory. */
     enum cllm_status (*mem_info)(struct cllm_backend *be, size_t *free_bytes,
                                  size_t *total_bytes);
@@ -258,6 +261,9 @@ struct cllm_backend_options {
 enum cllm_status cllm_backend_new(struct cllm_backend **out, const struct cllm_backend_options *o,
                                   char *err, size_t err_len);
 void cllm_backend_free(struct cllm_backend *be);
+
+/* bytes of zeros from be (its alloc_zeroed, else alloc and memzero), freed by its dealloc. */
+enum cllm_status cllm_backend_alloc_zeroed(struct cllm_backend *be, size_t bytes, void **out);
 
 /* Bytes of one element of a float dtype the ops use (F32, F16, BF16); 0 for others. */
 size_t cllm_backend_elem_size(enum cllm_dtype t);

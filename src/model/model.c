@@ -223,8 +223,7 @@ enum cllm_status cllm_model_init(struct cllm_model **out, const struct cllm_mode
         goto fail;
     }
     size_t scratch = be->iface->attention_scratch(be, max_tokens, hp->n_head, hp->head_dim);
-    if (scratch && ((st = be->iface->alloc(be, scratch, &m->attn_scratch)) ||
-                    (st = be->iface->memzero(be, m->attn_scratch, scratch)))) {
+    if (scratch && (st = cllm_backend_alloc_zeroed(be, scratch, &m->attn_scratch))) {
         cllm_fail(err, err_len, st, "cannot allocate activations for %d tokens", (int)max_tokens);
         goto fail;
     }
@@ -324,10 +323,9 @@ enum cllm_status cllm_kv_cache_init(struct cllm_kv_cache *kv, const struct cllm_
     size_t bytes = (size_t)n_blocks * (size_t)block_size * (size_t)m->hp.n_head_kv *
                    (size_t)m->hp.head_dim * cllm_backend_elem_size(m->be->iface->kv_dtype);
     /* Zeroed: padding rows of recorded steps read slot 0, and must read finite numbers. */
-    const struct cllm_backend_iface *be = m->be->iface;
     for (int32_t l = 0; l < kv->n_layer; l++)
-        if (be->alloc(m->be, bytes, &kv->k[l]) || be->alloc(m->be, bytes, &kv->v[l]) ||
-            be->memzero(m->be, kv->k[l], bytes) || be->memzero(m->be, kv->v[l], bytes))
+        if (cllm_backend_alloc_zeroed(m->be, bytes, &kv->k[l]) ||
+            cllm_backend_alloc_zeroed(m->be, bytes, &kv->v[l]))
             goto nomem;
     return CLLM_OK;
 nomem:

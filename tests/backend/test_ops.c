@@ -189,6 +189,45 @@ static void test_attention(struct cllm_backend *be, int32_t n_head, int32_t n_kv
         free(ref);
 }
 
+static bool all_zero(const unsigned char *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i])
+            return false;
+    return true;
+}
+
+/* cllm_backend_alloc_zeroed gives zeros, through the CPU backend's own op (calloc) and through
+ * the fallback (alloc, then memzero) of a backend without one: each size allocated, dirtied and
+ * freed first, so memory handed back again would show what was not cleared. 96 MiB: a
+ * mapping of its own (what the KV cache gets), past glibc's largest mmap threshold. */
+static void test_alloc_zeroed(struct cllm_backend *be)
+{
+    struct cllm_backend_iface no_op = *be->iface;
+    no_op.alloc_zeroed = NULL;
+    struct cllm_backend plain = *be;
+    plain.iface = &no_op;
+    struct cllm_backend *bes[2] = {be, &plain};
+    static const size_t sizes[] = {1, 100, 4096 + 3, (size_t)96 << 20};
+    for (int b = 0; b < 2; b++)
+        for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+            void *p = NULL;
+            CHECK(bes[b]->iface->alloc(bes[b], sizes[s], &p) == CLLM_OK && p);
+            if (p) {
+                memset(p, 0xab, sizes[s]);
+                bes[b]->iface->dealloc(bes[b], p);
+            }
+            p = NULL;
+            CHECK(cllm_backend_alloc_zeroed(bes[b], sizes[s], &p) == CLLM_OK && p);
+            if (p) {
+                CHECKF(all_zero(p, sizes[s]), "%s: %zu bytes not zero",
+                       b ? "alloc + memzero" : "alloc_zeroed", sizes[s]);
+                bes[b]->iface->dealloc(bes[b], p);
+            }
+        }
+    CHECK(be->iface->alloc_zeroed != NULL); /* the CPU's: the KV cache costs nothing at start */
+}
+
 int main(void)
 {
     float *first_attn = NULL, *first_kc = NULL;
@@ -223,7 +262,12 @@ int main(void)
     }
     free(first_attn);
     free(first_kc);
-    struct cllm_backend *be;
+    struct cllm_backend *be = make(1);
+    CHECK(be != NULL);
+    if (be) {
+        test_alloc_zeroed(be);
+        cllm_backend_free(be);
+    }
     struct cllm_backend_options o = {CLLM_BACKEND_CPU, 100000, 0, CLLM_CPU_WEIGHTS_STORED};
     CHECK(cllm_backend_new(&be, &o, NULL, 0) == CLLM_ERR_INVALID_ARG);
     /* Without CUDA compiled in, or without a device, asking for CUDA is a clear error. */

@@ -873,6 +873,7 @@ static const struct cllm_backend_iface cuda_iface = {
     /* .upload = */ cu_upload,
     /* .download = */ cu_download,
     /* .memzero = */ cu_memzero,
+    /* .alloc_zeroed = */ NULL, /* cudaMemset is fast */
     /* .mem_info = */ cu_mem_info,
     /* .weight_init = */ cu_weight_init,
     /* .weight_init_stacked = */ cu_weight_init_stacked,
