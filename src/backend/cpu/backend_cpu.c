@@ -67,7 +67,7 @@ static enum cllm_status cpu_alloc(struct cllm_backend *be, size_t bytes, void **
 /* calloc rather than alloc + memset, for the KV cache: a large block comes from fresh
  * anonymous pages (glibc maps it, and skips the clearing), which the kernel zeroes as they are
  * first touched. So a cache sized for the machine (12.5 GB on a 100 GB one) costs nothing at
- * start-up, where memset took ~1.6 s per GiB on this project's VM, and takes memory only as it
+ * start-up, where memset took 1.4-3.8 s per GiB on this project's VM, and takes memory only as it
  * fills. Aligned as malloc aligns (16 bytes): the kernels load unaligned. */
 static enum cllm_status cpu_alloc_zeroed(struct cllm_backend *be, size_t bytes, void **out)
 {
