@@ -777,10 +777,11 @@ int main(void)
 
     test_draws();
     test_draw_penalties();
-#ifdef CLLM_EMU_SHAPES
-    /* Under the CPU's CUDA emulator (tests/emu, test_emu_backend): the same paths through the
-     * backend at shapes the emulator runs in a minute; the kernels' own checks at the model's
-     * shapes are in test_emu_kernels. */
+#ifdef CLLM_SMALL_SHAPES
+    /* The same paths through the backend at small shapes: under the CPU's CUDA emulator
+     * (tests/emu, test_emu_backend), which runs them in a minute (the kernels' own checks at
+     * the model's shapes are in test_emu_kernels), and on a GPU under compute-sanitizer
+     * (test_gpu_ops_small, tests/gpu/sanitize), which slows every access it checks. */
     test_embed_norm_silu(3, 264);
     int32_t shapes[][3] = {{264, 100, 1}, {256, 136, 7}, {520, 72, 40}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
