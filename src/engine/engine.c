@@ -116,6 +116,25 @@ static bool is_stop_id(const struct cllm_request *r, int32_t token)
     return false;
 }
 
+/* Runs the decoded text in r->pending through the stop strings and publishes what is final;
+ * at the end (last) also what the stop matcher held back. True if a stop string matched. */
+static bool emit_text(struct cllm_request *r, bool last, int32_t n_cached)
+{
+    const struct cllm_buf *text = &r->pending;
+    struct cllm_stop_out so = {0};
+    cllm_stop_push(r->stop, text->data ? text->data : "", text->len, &so);
+    struct cllm_buf emit = {0};
+    cllm_buf_append(&emit, so.text ? so.text : "", so.len);
+    if (!so.stopped && last) {
+        struct cllm_stop_out rest = {0};
+        cllm_stop_flush(r->stop, &rest);
+        cllm_buf_append(&emit, rest.text ? rest.text : "", rest.len);
+    }
+    cllm_request_emit(r, emit.data, emit.len, n_cached);
+    cllm_buf_free(&emit);
+    return so.stopped;
+}
+
 /* Decodes the new token, runs stop strings over the text and publishes what is final.
  * Returns the finish reason, or CLLM_FINISH_NONE to go on. */
 static enum cllm_finish_reason deliver_token(struct cllm_request *r, int32_t token, bool at_limit,
@@ -128,18 +147,8 @@ static enum cllm_finish_reason deliver_token(struct cllm_request *r, int32_t tok
         cllm_detok_stream_push(&r->detok, token, text);
     if (eos || at_limit)
         cllm_detok_stream_flush(&r->detok, text);
-    struct cllm_stop_out so = {0};
-    cllm_stop_push(r->stop, text->data ? text->data : "", text->len, &so);
-    struct cllm_buf emit = {0};
-    cllm_buf_append(&emit, so.text ? so.text : "", so.len);
-    if (!so.stopped && (eos || at_limit)) {
-        struct cllm_stop_out rest = {0};
-        cllm_stop_flush(r->stop, &rest);
-        cllm_buf_append(&emit, rest.text ? rest.text : "", rest.len);
-    }
-    cllm_request_emit(r, emit.data, emit.len, n_cached);
-    cllm_buf_free(&emit);
-    if (eos || so.stopped)
+    bool stopped = emit_text(r, eos || at_limit, n_cached);
+    if (eos || stopped)
         return CLLM_FINISH_STOP;
     return at_limit ? CLLM_FINISH_LENGTH : CLLM_FINISH_NONE;
 }
@@ -198,23 +207,53 @@ static void take_incoming(struct cllm_engine *e)
     }
 }
 
+/* Ends a request whose max_time is over with the text it has: first that of its tokens whose
+ * delivery waits (overlap: deliver_pending skips them once it has ended), then what the
+ * detokenizer and the stop matcher still hold back, as at max_tokens. Tokens of a step in
+ * flight for it are dropped when they arrive. */
+static void finish_in_time(struct cllm_engine *e, struct cllm_request *r)
+{
+    for (int32_t i = 0; i < e->n_pending; i++) {
+        const struct pending_token *pt = &e->pending[i];
+        if (pt->r != r)
+            continue;
+        enum cllm_finish_reason why = deliver_token(r, pt->token, pt->at_limit, r->n_cached);
+        if (why != CLLM_FINISH_NONE) {
+            finish(e, r, why, NULL);
+            return;
+        }
+    }
+    r->pending.len = 0;
+    cllm_detok_stream_flush(&r->detok, &r->pending);
+    bool stopped = emit_text(r, true, r->n_cached);
+    cllm_log(CLLM_LOG_WARN,
+             "request %llu: max_time %.3g s over after %d generated tokens: it ends with the "
+             "text so far",
+             (unsigned long long)r->id, r->params.max_time, (int)cllm_request_n_generated(r));
+    finish(e, r, stopped ? CLLM_FINISH_STOP : CLLM_FINISH_TIME, NULL);
+}
+
 /* Takes the requests that are over out of the scheduler: those cancelled by their submitter
- * (finished here) and those a stop string ended while a step that included them ran. */
-static void drop_one(struct cllm_engine *e, struct cllm_request *r)
+ * or past their max_time (finished here) and those a stop string ended while a step that
+ * included them ran. */
+static void drop_one(struct cllm_engine *e, struct cllm_request *r, double now)
 {
     if (r->ended)
         cllm_scheduler_remove(&e->sched, r);
     else if (cllm_request_cancelled(r))
         finish(e, r, CLLM_FINISH_CANCELLED, NULL);
+    else if (r->deadline > 0 && now >= r->deadline)
+        finish_in_time(e, r);
 }
 
 static void drop_finished(struct cllm_engine *e)
 {
     struct cllm_scheduler *s = &e->sched;
+    const double now = cllm_now();
     for (int32_t i = s->n_running - 1; i >= 0; i--)
-        drop_one(e, s->running[i]);
+        drop_one(e, s->running[i], now);
     for (int32_t i = s->n_waiting - 1; i >= 0; i--)
-        drop_one(e, s->waiting[(s->wait_head + i) % s->wait_cap]);
+        drop_one(e, s->waiting[(s->wait_head + i) % s->wait_cap], now);
 }
 
 /* Lays the plan out as a model step. The block table is only as wide as the longest

@@ -24,6 +24,7 @@ const char *cllm_finish_reason_str(enum cllm_finish_reason r)
     case CLLM_FINISH_LENGTH: return "length";
     case CLLM_FINISH_CANCELLED: return "cancelled";
     case CLLM_FINISH_ERROR: return "error";
+    case CLLM_FINISH_TIME: return "time";
     }
     return "?";
 }
@@ -51,6 +52,9 @@ enum cllm_status cllm_request_new(struct cllm_request **out, uint64_t id, const 
         if (prompt[i] < 0 || prompt[i] >= n_vocab)
             return cllm_fail(err, err_len, CLLM_ERR_RANGE, "prompt token %d is not in [0, %d)",
                              (int)prompt[i], (int)n_vocab);
+    if (!(p->max_time >= 0 && p->max_time <= 1e9)) /* (NaN fails too) */
+        return cllm_fail(err, err_len, CLLM_ERR_RANGE,
+                         "max_time must be a number of seconds in [0, 1e9], got %g", p->max_time);
     enum cllm_status st = cllm_sampling_params_check(&p->sampling, err, err_len);
     if (st)
         return st;
@@ -79,6 +83,7 @@ enum cllm_status cllm_request_new(struct cllm_request **out, uint64_t id, const 
     cllm_detok_stream_init(&r->detok, tok, true);
     r->out.n_prompt = n_prompt;
     r->out.t_submit = cllm_now();
+    r->deadline = p->max_time > 0 ? r->out.t_submit + p->max_time : 0;
     *out = r;
     return CLLM_OK;
 nomem:

@@ -27,6 +27,7 @@ enum cllm_finish_reason {
     CLLM_FINISH_LENGTH,    /* max_tokens or the context window */
     CLLM_FINISH_CANCELLED, /* cancelled by the submitter (e.g. client gone) */
     CLLM_FINISH_ERROR,     /* the engine failed this request (message in error) */
+    CLLM_FINISH_TIME,      /* max_time passed: the text so far (an API says "length") */
 };
 
 const char *cllm_finish_reason_str(enum cllm_finish_reason r);
@@ -39,6 +40,8 @@ struct cllm_request_params {
     int32_t n_stop_ids;
     const char *const *stop;               /* stop strings (copied at submit) */
     size_t n_stop;
+    double max_time; /* > 0: seconds after submit at which the request ends with the text so
+                        far, waiting or running (within a step); 0: no limit */
 };
 
 enum cllm_request_state {
@@ -68,6 +71,7 @@ struct cllm_request {
     struct cllm_request_params params;
     int32_t n_prompt;
     int32_t max_total;          /* n_prompt + max_tokens, capped by the context window */
+    double deadline;            /* cllm_now() at which max_time is over; 0: none */
 
     /* engine thread */
     int32_t *tokens;            /* prompt then generated tokens */

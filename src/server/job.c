@@ -118,6 +118,14 @@ enum cllm_status cllm_job_params_parse(const cJSON *obj, const struct cllm_reque
         (st = get_float(obj, "frequency_penalty", &sp->frequency_penalty, err, err_len)) ||
         (st = get_stops(obj, out, err, err_len)))
         return st;
+    const cJSON *max_time = field(obj, "max_time");
+    if (max_time) {
+        if (!cJSON_IsNumber(max_time) || !(max_time->valuedouble > 0) ||
+            max_time->valuedouble > 1e9)
+            return cllm_fail(err, err_len, CLLM_ERR_INVALID_ARG,
+                             "max_time must be a number of seconds in (0, 1e9]");
+        out->p.max_time = max_time->valuedouble;
+    }
     return cllm_sampling_params_check(sp, err, err_len);
 }
 
@@ -249,7 +257,9 @@ int32_t cllm_job_failed(const struct cllm_job *j)
 
 const char *cllm_job_finish_reason(enum cllm_finish_reason r)
 {
-    return cllm_finish_reason_str(r);
+    /* APIs know "stop" and "length": a request cut by max_time was cut short, as by
+     * max_tokens */
+    return r == CLLM_FINISH_TIME ? "length" : cllm_finish_reason_str(r);
 }
 
 void cllm_job_finish(struct cllm_job *j, struct cllm_metrics *m)

@@ -14,6 +14,8 @@
  *   - seeded sampling with Qwen's default settings gives the same answers alone and batched
  *     (the host draws of a step run on the CPU backend's threads together);
  *   - cancellation frees the request's KV blocks within a step;
+ *   - max_time ends a running request with the text of the tokens it has, and a waiting one
+ *     with none;
  *   - prompts beyond the context window and a full queue are refused with clear errors.
  */
 #include <stdio.h>
@@ -545,6 +547,80 @@ static void test_cancel_and_limits(void)
     cllm_request_release(b);
 }
 
+/* max_time, with and without run-ahead, on one sequence slot: a request still generating when
+ * its time is over ends then (not before) with the text of the tokens it counts, exactly the
+ * text the same prompt gives with max_tokens set to that count; one still waiting behind it
+ * for the slot ends at its own time with no text. Greedy: the same tokens either way. */
+static void test_max_time(int32_t run_ahead)
+{
+    struct cllm_engine_config c;
+    cllm_engine_config_default(&c);
+    c.n_threads = 2;
+    c.max_seqs = 1;
+    c.n_ctx = 512;
+    c.overlap = c.run_ahead = run_ahead > 0 ? 1 : -1;
+    char err[512] = "";
+    struct cllm_engine *e = NULL;
+    CHECKF(cllm_engine_new(&e, mf, &c, err, sizeof err) == CLLM_OK, "%s", err);
+    if (!e)
+        return;
+    struct cllm_request_params p;
+    params(&p, 400); /* more than ~1.5 s of tokens on any CPU this runs on */
+    p.n_stop_ids = 0;
+    struct cllm_request *a = NULL, *b = NULL, *ref = NULL;
+    struct cllm_request_output oa = {0}, ob = {0}, oref = {0};
+    p.max_time = 1.5;
+    CHECK(cllm_engine_submit(e, prompts[0].v, (int32_t)prompts[0].n, &p, &a, err, sizeof err) ==
+          CLLM_OK);
+    p.max_time = 0.3;
+    CHECK(cllm_engine_submit(e, prompts[1].v, (int32_t)prompts[1].n, &p, &b, err, sizeof err) ==
+          CLLM_OK);
+    if (!a || !b)
+        goto out;
+    while (!cllm_request_poll(a, -1, &oa))
+        ;
+    while (!cllm_request_poll(b, -1, &ob))
+        ;
+    CHECKF(oa.reason == CLLM_FINISH_TIME && oa.n_generated >= 1 && oa.n_generated < 400,
+           "run-ahead %d: reason %s after %d tokens", (int)run_ahead,
+           cllm_finish_reason_str(oa.reason), (int)oa.n_generated);
+    CHECKF(oa.t_finish - oa.t_submit >= 1.5, "ended after %.3f s", oa.t_finish - oa.t_submit);
+    CHECKF(ob.reason == CLLM_FINISH_TIME && ob.n_generated == 0 && ob.text.len == 0 &&
+               ob.t_finish - ob.t_submit >= 0.3 && ob.t_finish < oa.t_finish,
+           "run-ahead %d: the waiting request: reason %s, %d tokens, ended after %.3f s",
+           (int)run_ahead, cllm_finish_reason_str(ob.reason), (int)ob.n_generated,
+           ob.t_finish - ob.t_submit);
+    if (oa.n_generated >= 1) {
+        p.max_time = 0;
+        p.max_tokens = oa.n_generated;
+        CHECK(cllm_engine_submit(e, prompts[0].v, (int32_t)prompts[0].n, &p, &ref, err,
+                                 sizeof err) == CLLM_OK);
+        while (ref && !cllm_request_poll(ref, -1, &oref))
+            ;
+        CHECKF(oref.reason == CLLM_FINISH_LENGTH && oref.text.len == oa.text.len &&
+                   memcmp(oref.text.data, oa.text.data, oa.text.len) == 0,
+               "run-ahead %d: %d tokens: '%.*s' cut by time, '%.*s' by max_tokens", (int)run_ahead,
+               (int)oa.n_generated, (int)oa.text.len, oa.text.data, (int)oref.text.len,
+               oref.text.data);
+    }
+    printf("max_time, run-ahead %d: %d tokens in 1.5 s\n", (int)run_ahead, (int)oa.n_generated);
+    struct cllm_engine_stats st;
+    wait_idle(e, &st);
+    CHECKF(st.kv_blocks_used == 0 && st.running == 0, "run-ahead %d: %d blocks, %d running left",
+           (int)run_ahead, (int)st.kv_blocks_used, (int)st.running);
+out:
+    if (a)
+        cllm_request_release(a);
+    if (b)
+        cllm_request_release(b);
+    if (ref)
+        cllm_request_release(ref);
+    cllm_buf_free(&oa.text);
+    cllm_buf_free(&ob.text);
+    cllm_buf_free(&oref.text);
+    cllm_engine_free(e);
+}
+
 int main(void)
 {
     char err[1024];
@@ -557,6 +633,8 @@ int main(void)
     test_sampled_invariance();
     test_penalties_run_ahead();
     test_cancel_and_limits();
+    test_max_time(-1);
+    test_max_time(1);
     for (int i = 0; i < N_Q; i++)
         cllm_ids_free(&prompts[i]);
     cllm_model_files_free(mf);

@@ -56,6 +56,9 @@ static void test_params(void)
     CHECK(parse("{\"max_completion_tokens\": 9}", &jp, err, sizeof err) == CLLM_OK &&
           jp.p.max_tokens == 9);
     CHECK(parse("{\"top_k\": -1}", &jp, err, sizeof err) == CLLM_OK && jp.p.sampling.top_k == 0);
+    CHECK(parse("{}", &jp, err, sizeof err) == CLLM_OK && jp.p.max_time == 0);
+    CHECK(parse("{\"max_time\": 2.5}", &jp, err, sizeof err) == CLLM_OK && jp.p.max_time == 2.5);
+    CHECK(parse("{\"max_time\": null}", &jp, err, sizeof err) == CLLM_OK && jp.p.max_time == 0);
 
     /* Stop strings point into the document, so keep it alive while looking at them. */
     struct cllm_request_params d = defaults();
@@ -89,6 +92,10 @@ static void test_params(void)
         {"{\"min_p\": 2}", "min_p"},
         {"{\"presence_penalty\": 5}", "presence_penalty"},
         {"{\"stop\": 5}", "stop"},
+        {"{\"max_time\": 0}", "max_time"},
+        {"{\"max_time\": -1}", "max_time"},
+        {"{\"max_time\": \"5\"}", "max_time"},
+        {"{\"max_time\": 1e10}", "max_time"},
         {"{\"stop\": [\"a\", 1]}", "stop"},
         {"{\"stop\": [\"\"]}", "stop"},
         {"{\"stop\": [\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\",\"10\",\"11\",\"12\","

@@ -413,6 +413,9 @@ def test_bad_inputs(port):
         ("POST", "/predict", b'{"prompt": "a", "stop": 5}', 400, "stop"),
         ("POST", "/predict", b'{"prompt": "a", "stop": ["x", 1]}', 400, "stop"),
         ("POST", "/predict", b'{"prompt": "a", "system": 5}', 400, "system"),
+        ("POST", "/predict", b'{"prompt": "a", "max_time": 0}', 400, "max_time"),
+        ("POST", "/predict", b'{"prompt": "a", "max_time": "1"}', 400, "max_time"),
+        ("POST", "/v1/completions", b'{"prompt": "a", "max_time": -2}', 400, "max_time"),
         ("POST", "/predict", json.dumps({"prompt": "word " * 3000}).encode(), 400, str(CTX)),
         ("POST", "/predict", json.dumps({"prompt": ["ok", "word " * 3000]}).encode(), 400, "prompt[1]"),
         ("POST", "/predict", json.dumps({"prompt": "x" * (MAX_BODY + 10)}).encode(), 413, str(MAX_BODY)),
@@ -643,6 +646,27 @@ def test_disconnect(port):
     still_serving(port, "the disconnects")
 
 
+def test_max_time(port, questions):
+    # A request past its max_time answers with the text it has: the batch before its tokens
+    # run out, the completion with finish_reason "length" and fewer tokens than max_tokens.
+    t = time.monotonic()
+    st, _, j = post(port, "/predict", {"prompt": questions[:4], "max_tokens": 900,
+                                       "max_time": 0.5, "temperature": 0})
+    dt = time.monotonic() - t
+    resp = j.get("response") if isinstance(j, dict) else None
+    check(st == 200 and isinstance(resp, list) and len(resp) == 4
+          and all(isinstance(r, str) for r in resp) and dt < 10.5,
+          f"/predict with max_time 0.5: {st} in {dt:.1f} s: {str(j)[:300]}")
+    st, _, j = post(port, "/v1/completions", {"prompt": COUNTING, "max_tokens": 900,
+                                              "max_time": 0.5, "temperature": 0})
+    ch = (j.get("choices") or [{}])[0] if isinstance(j, dict) else {}
+    n = (j.get("usage") or {}).get("completion_tokens", -1) if isinstance(j, dict) else -1
+    check(st == 200 and ch.get("finish_reason") == "length" and 0 <= n < 900
+          and isinstance(ch.get("text"), str),
+          f"completion cut by max_time: {st}, {ch.get('finish_reason')}, {n} tokens")
+    print(f"/predict of 4 with max_time 0.5 s: {dt:.2f} s; completion: {n} tokens", flush=True)
+
+
 def test_slow_client(port):
     # Half a request, then silence: other clients must not wait for it.
     s = socket.create_connection(("127.0.0.1", port), timeout=60)
@@ -868,6 +892,7 @@ def main():
         test_fuzzed_requests(port)
         test_metrics(port, {"predict200": 0, "gen": 0, "prompt": 0})
         test_disconnect(port)
+        test_max_time(port, questions)
         test_slow_client(port)
         test_concurrent(port)
         test_workload_batch(port, questions)

@@ -157,7 +157,7 @@ static int workload(struct cllm_engine *e, const struct cllm_model_files *mf, co
         cllm_buf_free(&rendered);
     }
     double t0 = cllm_cmd_now();
-    int next = 0, done = 0, in_flight = 0;
+    int next = 0, done = 0, in_flight = 0, cut = 0;
     long long generated = 0, prompt = 0, cached = 0;
     while (rc == 0 && done < n) {
         while (next < n && in_flight < concurrency) {
@@ -179,6 +179,7 @@ static int workload(struct cllm_engine *e, const struct cllm_model_files *mf, co
                 generated += outs[i].n_generated;
                 prompt += outs[i].n_prompt;
                 cached += outs[i].n_cached;
+                cut += outs[i].reason == CLLM_FINISH_TIME;
             }
             outs[i].text.len = 0;
         }
@@ -203,7 +204,9 @@ static int workload(struct cllm_engine *e, const struct cllm_model_files *mf, co
     }
     long long steady_tokens = 0;
     for (int i = 0; i < n && reqs[i]; i++) {
-        ttft[i] = outs[i].t_first_token - outs[i].t_submit;
+        /* (one that max_time ended before its first token: the time to its empty answer) */
+        ttft[i] = (outs[i].t_first_token > 0 ? outs[i].t_first_token : outs[i].t_finish) -
+                  outs[i].t_submit;
         int32_t k = cllm_request_token_times(reqs[i], NULL, 0);
         double *t = calloc((size_t)k + 1, sizeof *t);
         cllm_request_token_times(reqs[i], t, k);
@@ -229,6 +232,9 @@ static int workload(struct cllm_engine *e, const struct cllm_model_files *mf, co
                quantile(ttft, (size_t)n, 0.99) * 1e3, quantile(itl, n_itl, 0.5) * 1e3,
                quantile(itl, n_itl, 0.99) * 1e3,
                t_end > all_started ? steady_tokens / (t_end - all_started) : 0.0);
+    if (rc == 0 && cut > 0)
+        printf("  %d of %d requests ended by --max-time %g s with the text they had\n", cut, n,
+               p->max_time);
     for (int i = 0; i < n; i++) {
         cllm_request_release(reqs[i]);
         cllm_buf_free(&outs[i].text);

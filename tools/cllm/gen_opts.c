@@ -69,6 +69,12 @@ int cllm_gen_opts_parse(struct cllm_gen_opts *g, int code, const char *arg)
         g->max_tokens = (int32_t)v;
         g->set_max_tokens = true;
         break;
+    case OPT_MAX_TIME: {
+        float t = 0.0f;
+        ok = parse_float(arg, &t) && t > 0.0f && t <= 1e9f;
+        g->max_time = t;
+        break;
+    }
     case OPT_TEMPERATURE: ok = parse_float(arg, &g->temperature), g->set_temperature = true; break;
     case OPT_TOP_P: ok = parse_float(arg, &g->top_p), g->set_top_p = true; break;
     case OPT_MIN_P: ok = parse_float(arg, &g->min_p), g->set_min_p = true; break;
@@ -184,4 +190,5 @@ void cllm_gen_opts_params(const struct cllm_gen_opts *g, const struct cllm_model
         p->stop_ids[p->n_stop_ids++] = d->eos_ids[i];
     p->stop = g->stops;
     p->n_stop = (size_t)g->n_stops;
+    p->max_time = g->max_time;
 }

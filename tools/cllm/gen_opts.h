@@ -19,11 +19,12 @@ enum {
     OPT_MAX_TOKENS = 1000, OPT_TEMPERATURE, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_REP_PENALTY,
     OPT_PRESENCE, OPT_FREQUENCY, OPT_SEED, OPT_STOP, OPT_THREADS, OPT_CTX, OPT_KV_MEM,
     OPT_BATCH_TOKENS, OPT_MAX_SEQS, OPT_NO_PREFIX_CACHE, OPT_DEVICE, OPT_GPU_MEM_FRACTION,
-    OPT_NO_DEVICE_CHECK, OPT_CPU_WEIGHTS,
+    OPT_NO_DEVICE_CHECK, OPT_CPU_WEIGHTS, OPT_MAX_TIME,
 };
 
 #define CLLM_GEN_LONG_OPTIONS                                                                      \
     {"max-tokens", required_argument, 0, OPT_MAX_TOKENS},                                          \
+        {"max-time", required_argument, 0, OPT_MAX_TIME},                                          \
         {"temperature", required_argument, 0, OPT_TEMPERATURE},                                    \
         {"top-k", required_argument, 0, OPT_TOP_K}, {"top-p", required_argument, 0, OPT_TOP_P},    \
         {"min-p", required_argument, 0, OPT_MIN_P},                                                \
@@ -43,6 +44,9 @@ enum {
 
 #define CLLM_GEN_USAGE                                                                             \
     "  --max-tokens N          tokens to generate at most\n"                                       \
+    "  --max-time S            a request still waiting or generating S seconds after it came\n" \
+    "                          ends with the text so far (finish reason length; default: no\n" \
+    "                          limit; requests may set max_time)\n"                               \
     "  --temperature T         0 = greedy (default: the model's generation_config)\n"             \
     "  --top-k K  --top-p P  --min-p P  --repetition-penalty R\n"                                  \
     "  --presence-penalty P  --frequency-penalty P  --seed S\n"                                    \
@@ -65,6 +69,7 @@ enum {
 /* What the flags said; "set" bits record which sampling values were given explicitly. */
 struct cllm_gen_opts {
     int32_t max_tokens;
+    double max_time; /* 0: none */
     float temperature, top_p, min_p, rep_penalty, presence, frequency;
     int32_t top_k;
     uint64_t seed;
