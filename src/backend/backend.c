@@ -42,6 +42,16 @@ static enum cllm_status backend_new(struct cllm_backend **out, const struct cllm
     return cllm_fail(err, err_len, CLLM_ERR_INVALID_ARG, "unknown backend kind %d", (int)o->kind);
 }
 
+bool cllm_backend_gpu_possible(void)
+{
+#ifdef CLLM_USE_CUDA
+    return true;
+#else
+    const char *trigger = getenv("CLLM_FAULT_FILE"), *name = getenv("CLLM_FAULT_NAME");
+    return trigger && *trigger && name && *name;
+#endif
+}
+
 enum cllm_status cllm_backend_new(struct cllm_backend **out, const struct cllm_backend_options *o,
                                   char *err, size_t err_len)
 {

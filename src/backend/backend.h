@@ -261,6 +261,9 @@ struct cllm_backend_options {
 enum cllm_status cllm_backend_new(struct cllm_backend **out, const struct cllm_backend_options *o,
                                   char *err, size_t err_len);
 void cllm_backend_free(struct cllm_backend *be);
+/* Whether CLLM_BACKEND_AUTO may pick something other than the CPU: a GPU backend is compiled
+ * in, or a test makes a fake one (fault.h's CLLM_FAULT_FILE with CLLM_FAULT_NAME). */
+bool cllm_backend_gpu_possible(void);
 
 /* bytes of zeros from be (its alloc_zeroed, else alloc and memzero), freed by its dealloc. */
 enum cllm_status cllm_backend_alloc_zeroed(struct cllm_backend *be, size_t bytes, void **out);

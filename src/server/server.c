@@ -23,6 +23,7 @@
 #include "core/log.h"
 #include "core/status.h"
 #include "server/http.h"
+#include "server/probe.h"
 #include "server/routes.h"
 
 bool cllm_server_ready(const struct cllm_server *s)
@@ -112,6 +113,32 @@ static enum cllm_status warm_up(struct cllm_server *s, char *err, size_t err_len
     return st;
 }
 
+/* Under --device auto, where a GPU may be found: a GPU that crashed, hung or failed its check
+ * in a child process (probe.h) is not tried again: the engine starts on the CPU (a slow server
+ * beats none). Without a GPU the engine's own --device auto finds none again. */
+static void choose_device(struct cllm_server *s)
+{
+    struct cllm_engine_config *c = &s->cfg.engine;
+    if (!s->cfg.probe_exe || c->backend != CLLM_BACKEND_AUTO || !cllm_backend_gpu_possible())
+        return;
+    char why[512] = "";
+    enum cllm_probe_result r = cllm_probe_device(s->cfg.probe_exe, s->cfg.model_path, c,
+                                                 s->cfg.probe_timeout_s, &s->stopping, why,
+                                                 sizeof why);
+    if (r == CLLM_PROBE_GPU) {
+        /* the child ran the device check on the same files and device: not twice */
+        cllm_log(CLLM_LOG_INFO, "probe: %s", why);
+        c->no_device_check = true;
+        return;
+    }
+    if (r == CLLM_PROBE_NO_GPU) {
+        cllm_log(CLLM_LOG_INFO, "probe: %s", why);
+        return;
+    }
+    cllm_log(CLLM_LOG_ERROR, "probe: %s: running on the CPU", why);
+    c->backend = CLLM_BACKEND_CPU;
+}
+
 static void *loader_main(void *arg)
 {
     struct cllm_server *s = arg;
@@ -135,6 +162,9 @@ static void *loader_main(void *arg)
         for (int i = 0; i < s->mf->gen.n_eos && i < CLLM_MAX_STOP_IDS; i++)
             s->defaults.stop_ids[s->defaults.n_stop_ids++] = s->mf->gen.eos_ids[i];
     }
+    if (atomic_load(&s->stopping))
+        return NULL;
+    choose_device(s);
     if (atomic_load(&s->stopping))
         return NULL;
     if (cllm_engine_new(&s->engine, s->mf, &s->cfg.engine, err, sizeof err) != CLLM_OK)

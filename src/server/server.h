@@ -32,6 +32,10 @@ struct cllm_server_config {
     size_t max_body;          /* request body bytes at most; 0 = the default */
     unsigned max_connections; /* simultaneous connections; 0 = the default */
     unsigned timeout_s;       /* idle seconds before a connection is dropped; 0 = the default */
+    /* --device auto: the GPU is first tried by this executable's `probe-device` in a child
+     * process (probe.h), for up to probe_timeout_s seconds; NULL: not tried that way. */
+    const char *probe_exe;
+    double probe_timeout_s;
     struct cllm_engine_config engine;
     /* Fills the request defaults once the model is open (generation_config + server flags).
      * Strings it points p->stop at must outlive cllm_server_run. */

@@ -82,9 +82,12 @@ class Server:
         self.dump()
         return False
 
-    def dump(self):
+    def text(self):
         self.log.seek(0)
-        sys.stderr.write(self.log.read().decode(errors="replace")[-4000:])
+        return self.log.read().decode(errors="replace")
+
+    def dump(self):
+        sys.stderr.write(self.text()[-4000:])
 
     def stop(self):
         if self.proc.poll() is None:
@@ -846,6 +849,37 @@ def test_lost_gpu_moves_to_cpu():
         stop_fault_server(srv, trigger, "the server that moved to the CPU")
 
 
+def test_gpu_probe():
+    """--device auto first tries the GPU in a child process (src/server/probe.h). Here the GPU
+    is the CPU backend passing for one (CLLM_FAULT_NAME), and the child crashes or hangs once
+    its engine runs (CLLM_FAULT_PROBE), as a broken GPU stack would: the server still starts,
+    on the CPU, once the child is dead or past --gpu-probe-timeout; a child that passes leaves
+    the server on the 'GPU'."""
+    d = tempfile.mkdtemp(prefix="cllm-probe-")
+    never = os.path.join(d, "never")  # the fault file is never made: the fake GPU stays up
+    for fault, backend, says in (("", "fake-gpu", "passed in a child process"),
+                                 ("crash", "cpu", "died of signal"),
+                                 ("hang", "cpu", "did not finish in 4 s")):
+        srv = Server("--gpu-probe-timeout", "4", env={
+            "CLLM_FAULT_FILE": never, "CLLM_FAULT_NAME": "fake-gpu", "CLLM_FAULT_PROBE": fault})
+        try:
+            if not check(srv.wait_ready(timeout=120), f"probe {fault or 'passing'}: ready"):
+                continue
+            st, _, body = request(srv.port, "GET", "/health")
+            check(st == 200 and json.loads(body).get("backend") == backend,
+                  f"probe {fault or 'passing'}: serves on {backend}: {st} {body[:200]}")
+            st, _, j = post(srv.port, "/predict", {"prompt": "hi", "max_tokens": 2})
+            check(st == 200 and isinstance(j.get("response"), str),
+                  f"probe {fault or 'passing'}: answers: {st} {j}")
+            check(says in srv.text(), f"probe {fault or 'passing'}: the log says '{says}'")
+            print(f"probe {fault or 'passing'}: ready in {srv.startup:.1f} s on {backend}",
+                  flush=True)
+        finally:
+            rc = srv.stop()
+            check(rc == 0, f"probe {fault or 'passing'}: exits 0 on SIGTERM: {rc}")
+    os.rmdir(d)
+
+
 def test_sigterm(srv):
     # SIGTERM while a stream is in flight: the stream ends, the process exits 0 quickly.
     s = raw_post(srv.port, "/v1/completions", {"prompt": COUNTING, "max_tokens": 400, "stream": True})
@@ -908,6 +942,7 @@ def main():
     test_auth_and_queue()
     test_lost_device()
     test_lost_gpu_moves_to_cpu()
+    test_gpu_probe()
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 

@@ -14,6 +14,7 @@ int cllm_cmd_tokenize(int argc, char **argv);
 int cllm_cmd_generate(int argc, char **argv);
 int cllm_cmd_bench(int argc, char **argv);
 int cllm_cmd_serve(int argc, char **argv);
+int cllm_cmd_probe_device(int argc, char **argv);
 
 /* Opens --model for a command, printing "cllm: <error>" on failure; NULL then. */
 struct cllm_model_files *cllm_cmd_open_model(const char *path);

@@ -9,13 +9,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cmd.h"
 #include "core/log.h"
 #include "gen_opts.h"
 #include "server/server.h"
 
-enum { OPT_HOST = 2000, OPT_PORT, OPT_API_KEY, OPT_MAX_QUEUE, OPT_MAX_BODY };
+enum { OPT_HOST = 2000, OPT_PORT, OPT_API_KEY, OPT_MAX_QUEUE, OPT_MAX_BODY, OPT_PROBE_TIMEOUT };
+
+/* Seconds the GPU probe (src/server/probe.h) may take before the server gives up on the GPU:
+ * a healthy one loads, checks and generates in seconds; the health check's 180 s deadline
+ * must leave room for a CPU start after it. */
+#define DEFAULT_PROBE_TIMEOUT_S 90
 
 static void usage(FILE *f)
 {
@@ -27,7 +33,11 @@ static void usage(FILE *f)
            "open)\n"
            "  --max-queue N           waiting requests at most; more get 429 (default 4096)\n"
            "  --max-body BYTES        request body limit; more get 413 (default 8 MiB)\n"
-           "request defaults (each request may override them) and engine sizing:\n" CLLM_GEN_USAGE);
+           "  --gpu-probe-timeout S   --device auto: the GPU is first tried in a child process;\n"
+           "                          one that crashes, fails or takes longer than S seconds\n"
+           "                          (default %d) leaves the server on the CPU; 0: not tried\n"
+           "request defaults (each request may override them) and engine sizing:\n" CLLM_GEN_USAGE,
+        DEFAULT_PROBE_TIMEOUT_S);
 }
 
 static bool parse_ull(const char *s, unsigned long long lo, unsigned long long hi,
@@ -58,12 +68,16 @@ int cllm_cmd_serve(int argc, char **argv)
                                          {"api-key", required_argument, 0, OPT_API_KEY},
                                          {"max-queue", required_argument, 0, OPT_MAX_QUEUE},
                                          {"max-body", required_argument, 0, OPT_MAX_BODY},
+                                         {"gpu-probe-timeout", required_argument, 0,
+                                          OPT_PROBE_TIMEOUT},
                                          {"help", no_argument, 0, 'h'},
                                          CLLM_GEN_LONG_OPTIONS,
                                          {0, 0, 0, 0}};
     struct cllm_gen_opts g;
     cllm_gen_opts_init(&g);
-    struct cllm_server_config cfg = {.host = "0.0.0.0", .port = CLLM_SERVER_DEFAULT_PORT};
+    struct cllm_server_config cfg = {.host = "0.0.0.0",
+                                     .port = CLLM_SERVER_DEFAULT_PORT,
+                                     .probe_timeout_s = DEFAULT_PROBE_TIMEOUT_S};
     unsigned long long v;
     int c;
     while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
@@ -79,6 +93,13 @@ int cllm_cmd_serve(int argc, char **argv)
             break;
         case OPT_API_KEY:
             cfg.api_key = optarg;
+            break;
+        case OPT_PROBE_TIMEOUT:
+            if (!parse_ull(optarg, 0, 3600, &v)) {
+                fprintf(stderr, "cllm: invalid value '%s' for --gpu-probe-timeout\n", optarg);
+                return 2;
+            }
+            cfg.probe_timeout_s = (double)v;
             break;
         case OPT_PORT:
         case OPT_MAX_QUEUE:
@@ -117,6 +138,13 @@ int cllm_cmd_serve(int argc, char **argv)
         return 2;
     }
     cfg.engine = g.engine;
+    /* The probe runs this very binary (its probe-device command). */
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0 && cfg.probe_timeout_s > 0) {
+        exe[n] = 0;
+        cfg.probe_exe = exe;
+    }
     cfg.request_defaults = request_defaults;
     cfg.request_defaults_ctx = &g;
     cllm_log_set_level(CLLM_LOG_INFO);

@@ -49,6 +49,8 @@ int main(int argc, char **argv)
         return cllm_cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve"))
         return cllm_cmd_serve(argc - 1, argv + 1);
+    if (!strcmp(cmd, "probe-device")) /* the server's child process (not in the usage) */
+        return cllm_cmd_probe_device(argc - 1, argv + 1);
     fprintf(stderr, "cllm: unknown command '%s'\n\n", cmd);
     usage(stderr);
     return 2;
