@@ -41,9 +41,27 @@ static bool fails_once(struct fault *f)
     return true;
 }
 
+/* CLLM_FAULT_STALL=1: a sync waits for as long as the file exists, then works on: a device
+ * that stops answering without an error. */
+static bool stalls(struct fault *f)
+{
+    const char *stall = getenv("CLLM_FAULT_STALL");
+    if (!stall || strcmp(stall, "1") != 0)
+        return false;
+    if (access(f->trigger, F_OK) == 0) {
+        cllm_log(CLLM_LOG_ERROR, "fault: %s exists: the device stalls until it is gone",
+                 f->trigger);
+        while (access(f->trigger, F_OK) == 0)
+            usleep(10000);
+    }
+    return true;
+}
+
 static enum cllm_status fault_sync(struct cllm_backend *be)
 {
     struct fault *f = fault_of(be);
+    if (stalls(f))
+        return f->inner->iface->sync(be);
     return fails_once(f) || lost(f) ? CLLM_ERR_DEVICE : f->inner->iface->sync(be);
 }
 

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/log.h"
 #include "core/status.h"
 #include "server/http.h"
 #include "server/server.h"
@@ -222,10 +223,36 @@ static void cancel_all(struct cllm_job *j)
             cllm_request_cancel(j->reqs[i]);
 }
 
+/* A request this long past its max_time without an answer is given up on here: the engine
+ * ends it at its next step, which a stalled device may never reach. */
+#define MAX_TIME_GRACE_S 5.0
+
+/* Requests past their max_time and its grace end with the text polled so far (the engine
+ * cancels them when it can). */
+static void give_up_late(struct cllm_job *j)
+{
+    const double now = cllm_now();
+    for (int32_t i = 0; i < j->n; i++) {
+        struct cllm_request_output *o = &j->outs[i];
+        const double deadline = j->reqs[i]->deadline; /* set at submit, read-only since */
+        if (o->finished || deadline <= 0 || now < deadline + MAX_TIME_GRACE_S)
+            continue;
+        cllm_log(CLLM_LOG_ERROR,
+                 "request %llu: no answer %.0f s after its max_time (a stalled device?): it "
+                 "ends with the text so far",
+                 (unsigned long long)j->reqs[i]->id, MAX_TIME_GRACE_S);
+        cllm_request_cancel(j->reqs[i]);
+        o->finished = true;
+        o->reason = CLLM_FINISH_TIME;
+        o->t_finish = now;
+    }
+}
+
 enum cllm_job_end cllm_job_wait(struct cllm_server *s, struct cllm_job *j, int fd)
 {
     int32_t next = 0; /* requests before next have finished */
     for (;;) {
+        give_up_late(j);
         while (next < j->n && j->outs[next].finished)
             next++;
         if (next == j->n)

@@ -849,6 +849,34 @@ def test_lost_gpu_moves_to_cpu():
         stop_fault_server(srv, trigger, "the server that moved to the CPU")
 
 
+def test_stalled_device():
+    """The device stops answering without an error (CLLM_FAULT_STALL: each sync waits while
+    the fault file exists): a request with max_time still gets its answer, the text so far,
+    5 s after its time (the handler gives up on the stalled engine), and once the device
+    answers again the server serves on."""
+    trigger = os.path.join(tempfile.mkdtemp(prefix="cllm-stall-"), "stall")
+    srv = Server("--gpu-probe-timeout", "0", env={
+        "CLLM_FAULT_FILE": trigger, "CLLM_FAULT_NAME": "fake-gpu", "CLLM_FAULT_STALL": "1"})
+    try:
+        if not check(srv.wait_ready(), "server with a device that can stall ready"):
+            return
+        open(trigger, "w").close()
+        t = time.monotonic()
+        st, _, j = post(srv.port, "/predict", {"prompt": ["hi", "1, 2, 3,"], "max_tokens": 50,
+                                               "max_time": 1}, timeout=60)
+        dt = time.monotonic() - t
+        resp = j.get("response") if isinstance(j, dict) else None
+        check(st == 200 and isinstance(resp, list) and len(resp) == 2 and 5.5 < dt < 12,
+              f"a stalled device: answered {dt:.1f} s after max_time 1 s: {st} {str(j)[:200]}")
+        check("a stalled device?" in srv.text(), "the log says why the answer came late")
+        os.unlink(trigger)
+        st, _, j = post(srv.port, "/predict", {"prompt": "hi", "max_tokens": 2}, timeout=60)
+        check(st == 200 and isinstance(j.get("response"), str),
+              f"served again once the device answers: {st} {j}")
+    finally:
+        stop_fault_server(srv, trigger, "the server whose device stalled")
+
+
 def test_gpu_probe():
     """--device auto first tries the GPU in a child process (src/server/probe.h). Here the GPU
     is the CPU backend passing for one (CLLM_FAULT_NAME), and the child crashes or hangs once
@@ -943,6 +971,7 @@ def main():
     test_lost_device()
     test_lost_gpu_moves_to_cpu()
     test_gpu_probe()
+    test_stalled_device()
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 
