@@ -71,6 +71,8 @@ enum cllm_probe_result cllm_probe_device(const char *exe, const char *model_path
         argv[n++] = "--max-seqs";
         argv[n++] = seqs;
     }
+    if (c->no_device_check)
+        argv[n++] = "--no-device-check";
     if (c->gpu_mem_fraction > 0) {
         snprintf(fraction, sizeof fraction, "%.9g", (double)c->gpu_mem_fraction);
         argv[n++] = "--gpu-mem-fraction";
