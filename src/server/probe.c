@@ -31,14 +31,15 @@ static enum cllm_probe_result result_of(int status, double seconds, char *why, s
         return CLLM_PROBE_NO_GPU;
     }
     if (WIFEXITED(status) && WEXITSTATUS(status) == CLLM_PROBE_EXIT_CHECK_FAILED)
-        snprintf(why, why_len, "the GPU failed its device check in a child process (its log "
-                               "says how)");
+        snprintf(why, why_len,
+                 "the GPU failed its device check in a child process (its log says how)");
     else if (WIFSIGNALED(status))
         snprintf(why, why_len, "the child process that tried the GPU died of signal %d (%s)",
                  WTERMSIG(status), strsignal(WTERMSIG(status)));
     else
-        snprintf(why, why_len, "the child process that tried the GPU failed (exit %d; its log "
-                               "says why)", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        snprintf(why, why_len,
+                 "the child process that tried the GPU failed (exit %d; its log says why)",
+                 WIFEXITED(status) ? WEXITSTATUS(status) : -1);
     return CLLM_PROBE_FAILED;
 }
 

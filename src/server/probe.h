@@ -29,8 +29,7 @@ enum cllm_probe_result {
 
 /* Runs `exe probe-device --model model_path` with the engine settings of c that shape the
  * device's work (threads, batch tokens, sequences, GPU memory share, whether the device
- * check runs), waits for it up to
- * timeout_s seconds (or until *stop), and says how it went. */
+ * check runs), waits for it up to timeout_s seconds (or until *stop), and says how it went. */
 enum cllm_probe_result cllm_probe_device(const char *exe, const char *model_path,
                                          const struct cllm_engine_config *c, double timeout_s,
                                          const atomic_bool *stop, char *why, size_t why_len);

@@ -122,9 +122,9 @@ static void choose_device(struct cllm_server *s)
     if (!s->cfg.probe_exe || c->backend != CLLM_BACKEND_AUTO || !cllm_backend_gpu_possible())
         return;
     char why[512] = "";
-    enum cllm_probe_result r = cllm_probe_device(s->cfg.probe_exe, s->cfg.model_path, c,
-                                                 s->cfg.probe_timeout_s, &s->stopping, why,
-                                                 sizeof why);
+    enum cllm_probe_result r =
+        cllm_probe_device(s->cfg.probe_exe, s->cfg.model_path, c, s->cfg.probe_timeout_s,
+                          &s->stopping, why, sizeof why);
     if (r == CLLM_PROBE_GPU) {
         /* the child ran the device check on the same files and device: not twice */
         cllm_log(CLLM_LOG_INFO, "probe: %s", why);

@@ -3,13 +3,13 @@
  * probe (src/server/probe.h), not meant to be run by hand. It starts an engine under
  * --device auto as the server would (the GPU, its device check, else the CPU), generates a
  * few tokens through it, and exits 0 if that ran on a GPU, CLLM_PROBE_EXIT_NO_GPU if no GPU
- * starts, CLLM_PROBE_EXIT_CHECK_FAILED if one failed its device check, 1 on an error. A crash or a hang here costs only this process.
+ * starts, CLLM_PROBE_EXIT_CHECK_FAILED if one failed its device check, 1 on an error. A
+ * crash or a hang here costs only this process.
  *
  * CLLM_FAULT_PROBE=crash|hang (tests only) makes it die or hang once its engine started, as a
  * broken GPU stack would.
  */
 #include <getopt.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,8 +38,7 @@ static enum cllm_status generate(struct cllm_engine *e, const struct cllm_model_
     p.sampling.temperature = 0;
     p.max_tokens = 8;
     struct cllm_request *r = NULL;
-    enum cllm_status st =
-        cllm_engine_submit(e, ids.v, (int32_t)ids.n, &p, &r, err, err_len);
+    enum cllm_status st = cllm_engine_submit(e, ids.v, (int32_t)ids.n, &p, &r, err, err_len);
     cllm_ids_free(&ids);
     if (st)
         return st;

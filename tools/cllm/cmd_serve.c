@@ -25,19 +25,19 @@ enum { OPT_HOST = 2000, OPT_PORT, OPT_API_KEY, OPT_MAX_QUEUE, OPT_MAX_BODY, OPT_
 
 static void usage(FILE *f)
 {
-    fprintf(
-        f, "usage: cllm serve --model PATH [options]\n"
-           "  --host ADDR             address to listen on (default 0.0.0.0)\n"
-           "  --port N                port (default 8000)\n"
-           "  --api-key KEY           require Authorization: Bearer KEY (/ and /health stay "
-           "open)\n"
-           "  --max-queue N           waiting requests at most; more get 429 (default 4096)\n"
-           "  --max-body BYTES        request body limit; more get 413 (default 8 MiB)\n"
-           "  --gpu-probe-timeout S   --device auto: the GPU is first tried in a child process;\n"
-           "                          one that crashes, fails or takes longer than S seconds\n"
-           "                          (default %d) leaves the server on the CPU; 0: not tried\n"
-           "request defaults (each request may override them) and engine sizing:\n" CLLM_GEN_USAGE,
-        DEFAULT_PROBE_TIMEOUT_S);
+    fprintf(f,
+            "usage: cllm serve --model PATH [options]\n"
+            "  --host ADDR             address to listen on (default 0.0.0.0)\n"
+            "  --port N                port (default 8000)\n"
+            "  --api-key KEY           require Authorization: Bearer KEY (/ and /health stay "
+            "open)\n"
+            "  --max-queue N           waiting requests at most; more get 429 (default 4096)\n"
+            "  --max-body BYTES        request body limit; more get 413 (default 8 MiB)\n"
+            "  --gpu-probe-timeout S   --device auto: the GPU is first tried in a child process;\n"
+            "                          one that crashes, fails or takes longer than S seconds\n"
+            "                          (default %d) leaves the server on the CPU; 0: not tried\n"
+            "request defaults (each request may override them) and engine sizing:\n" CLLM_GEN_USAGE,
+            DEFAULT_PROBE_TIMEOUT_S);
 }
 
 static bool parse_ull(const char *s, unsigned long long lo, unsigned long long hi,
@@ -62,17 +62,17 @@ static void request_defaults(void *ctx, const struct cllm_model_files *mf,
 
 int cllm_cmd_serve(int argc, char **argv)
 {
-    static const struct option opts[] = {{"model", required_argument, 0, 'm'},
-                                         {"host", required_argument, 0, OPT_HOST},
-                                         {"port", required_argument, 0, OPT_PORT},
-                                         {"api-key", required_argument, 0, OPT_API_KEY},
-                                         {"max-queue", required_argument, 0, OPT_MAX_QUEUE},
-                                         {"max-body", required_argument, 0, OPT_MAX_BODY},
-                                         {"gpu-probe-timeout", required_argument, 0,
-                                          OPT_PROBE_TIMEOUT},
-                                         {"help", no_argument, 0, 'h'},
-                                         CLLM_GEN_LONG_OPTIONS,
-                                         {0, 0, 0, 0}};
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},
+        {"host", required_argument, 0, OPT_HOST},
+        {"port", required_argument, 0, OPT_PORT},
+        {"api-key", required_argument, 0, OPT_API_KEY},
+        {"max-queue", required_argument, 0, OPT_MAX_QUEUE},
+        {"max-body", required_argument, 0, OPT_MAX_BODY},
+        {"gpu-probe-timeout", required_argument, 0, OPT_PROBE_TIMEOUT},
+        {"help", no_argument, 0, 'h'},
+        CLLM_GEN_LONG_OPTIONS,
+        {0, 0, 0, 0}};
     struct cllm_gen_opts g;
     cllm_gen_opts_init(&g);
     struct cllm_server_config cfg = {.host = "0.0.0.0",
