@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "core/log.h"
 #include "core/status.h"
+#include "engine/request.h"
 #include "sampling/sampling.h"
 
 /* Sequence 0: a prefill of more than 32 tokens (the tiled GEMMs), then DECODE single tokens;
@@ -228,6 +229,7 @@ enum cllm_status cllm_device_check(struct cllm_model *dev, const char *dev_name,
                                    const struct cllm_model_files *mf, int32_t n_threads,
                                    struct cllm_agreement *r, char *err, size_t err_len)
 {
+    const double t_start = cllm_now(); /* the CPU model's start-up included */
     struct cllm_backend *cpu = NULL;
     struct cllm_model *ref = NULL;
     struct cllm_backend_options o = {CLLM_BACKEND_CPU, n_threads, 0, CLLM_CPU_WEIGHTS_STORED};
@@ -238,15 +240,34 @@ enum cllm_status cllm_device_check(struct cllm_model *dev, const char *dev_name,
     if (!st && (st = cllm_models_compare(dev, ref, max_seqs, r, &dev_failed, err, err_len)) &&
         dev_failed)
         st = CLLM_ERR_DEVICE; /* err says what failed */
+    struct cllm_attn_agreement at = {.worst = 0.0f};
+    const double t_attn = cllm_now();
+    if (!st && r->worst <= CLLM_DEVICE_CHECK_BOUND && r->bad_draws == 0 &&
+        (st = cllm_attention_compare(cllm_model_backend(dev), cpu, cllm_model_hparams(dev), &at,
+                                     &dev_failed, err, err_len)) &&
+        dev_failed)
+        st = CLLM_ERR_DEVICE;
+    const double t_end = cllm_now();
     if (!st) {
         const float pct = 100.0f * r->worst;
-        if (r->worst <= CLLM_DEVICE_CHECK_BOUND && r->bad_draws == 0) {
+        if (r->worst <= CLLM_DEVICE_CHECK_BOUND && r->bad_draws == 0 &&
+            at.worst <= CLLM_DEVICE_CHECK_BOUND) {
             cllm_log(CLLM_LOG_INFO,
                      "device check: %s agrees with the CPU on %d logit rows: worst error %.2f%% "
                      "of a row's range (bound %.0f%%), the same top token in %d of %d; its "
-                     "%d draws are right",
+                     "%d draws are right; its attention at up to %d keys: worst error %.2f%% "
+                     "of a head's largest output in %d rows (%.2f s, of which attention "
+                     "%.2f s)",
                      dev_name, (int)r->rows, pct, 100.0f * CLLM_DEVICE_CHECK_BOUND,
-                     (int)r->top1_same, (int)r->rows, (int)r->draws);
+                     (int)r->top1_same, (int)r->rows, (int)r->draws, (int)at.longest,
+                     100.0f * at.worst, (int)at.rows, t_end - t_start, t_end - t_attn);
+        } else if (r->worst <= CLLM_DEVICE_CHECK_BOUND && r->bad_draws == 0) {
+            st = cllm_fail(err, err_len, CLLM_ERR_DEVICE,
+                           "device check: the %s backend's attention differs from the CPU's by "
+                           "%.3g%% of a head's largest output at a context of %d keys (bound "
+                           "%.0f%%; its logits on sequences of up to 42 tokens agree)",
+                           dev_name, 100.0f * at.worst, (int)at.worst_len,
+                           100.0f * CLLM_DEVICE_CHECK_BOUND);
         } else if (r->bad_draws) {
             st = cllm_fail(err, err_len, CLLM_ERR_DEVICE,
                            "device check: the %s backend's sampler drew %d wrong tokens of %d "

@@ -9,7 +9,8 @@
  * costs a forward pass, not a second copy) and compares every output row: two sequences'
  * prompts in one step of 64 tokens (the GEMMs' tiled path, prefill attention over up to three
  * KV blocks each), then two decode steps of both (the skinny GEMMs, the fused epilogues,
- * decode attention), then draws from the last step's logits with the device's sampler.
+ * decode attention), then draws from the last step's logits with the device's sampler, then
+ * runs the attention op alone at contexts of up to 4,200 keys (cllm_attention_compare).
  *
  * The bound: a row agrees when no logit differs from the CPU's by more than
  * CLLM_DEVICE_CHECK_BOUND of the row's range (max - min of the CPU's row) and every logit is
@@ -59,9 +60,39 @@ enum cllm_status cllm_models_compare(struct cllm_model *a, struct cllm_model *b,
                                      struct cllm_agreement *r, bool *a_failed, char *err,
                                      size_t err_len);
 
+/* How one backend's attention op agrees with a reference backend's (b) at long contexts. */
+struct cllm_attn_agreement {
+    int32_t rows;      /* (query token, head) rows compared, over both calls of a */
+    float worst;       /* max over rows of max_i |a_i - b_i| / max_i |b_i|; +inf for a
+                          non-finite output of a, or a zero row of b that a does not match */
+    int32_t worst_len; /* the context length (keys) of the token where it is */
+    int32_t longest;   /* the longest context compared */
+};
+
+/* The model check's sequences are short (up to 42 keys), and a GPU's attention takes another
+ * path past 256 keys: each (token, head) is split over up to 16 blocks whose partial results
+ * a second kernel merges through a scratch buffer the op must leave fit for its next call
+ * (cuda/attention.cu). Served answers reach that path after ~200 tokens of prompt and text;
+ * a vendor stack that breaks it (a memory order, a warp width) would pass the model check and
+ * garble every long answer. So this runs a's and b's attention op, with the model's head
+ * shapes and rope_theta, over the same random keys, values and queries in paged caches of
+ * two sequences (4,200 and 300 keys, blocks shuffled): decode tokens at 4,200 keys (splits
+ * not on tile bounds), 1,100 and 300, one at the first key, and a prefill chunk of 16 tokens
+ * across the 256-key threshold; a's op twice, with the same scratch. A row agrees within
+ * CLLM_DEVICE_CHECK_BOUND of the reference row's largest magnitude: BF16 keys, values, queries
+ * and softmax weights move a right row by ~1% (the random data makes half the heads peaked,
+ * half flat); a lost or repeated split moves it by tens of percent. Host memory: ~2 MB; on
+ * each backend ~5 MB for the 1.5B (F32 caches on the CPU: ~10 MB). An error of an op of a
+ * comes back with *a_failed set. */
+enum cllm_status cllm_attention_compare(struct cllm_backend *a, struct cllm_backend *b,
+                                        const struct cllm_hparams *hp,
+                                        struct cllm_attn_agreement *r, bool *a_failed, char *err,
+                                        size_t err_len);
+
 /* The engine's check of dev, a model of mf on a GPU backend whose steps hold up to max_seqs
  * sequences, against a CPU model of mf with n_threads threads (0 = physical cores). CLLM_OK
- * when every row and draw agrees (r filled, logged); CLLM_ERR_DEVICE when one does not or
+ * when every row and draw agrees and so does dev's attention at long contexts (r filled,
+ * logged); CLLM_ERR_DEVICE when one does not or
  * dev's forward fails (err says which and by how much); another status when the check itself
  * cannot run (the CPU model: out of memory). dev's own KV cache is not touched. */
 enum cllm_status cllm_device_check(struct cllm_model *dev, const char *dev_name, int32_t max_seqs,

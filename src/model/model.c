@@ -295,6 +295,11 @@ const struct cllm_hparams *cllm_model_hparams(const struct cllm_model *m)
     return &m->hp;
 }
 
+struct cllm_backend *cllm_model_backend(const struct cllm_model *m)
+{
+    return m->be;
+}
+
 int32_t cllm_model_max_tokens(const struct cllm_model *m)
 {
     return m->max_tokens;

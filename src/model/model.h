@@ -47,6 +47,7 @@ enum cllm_status cllm_model_init(struct cllm_model **out, const struct cllm_mode
                                  char *err, size_t err_len);
 void cllm_model_free(struct cllm_model *m);
 const struct cllm_hparams *cllm_model_hparams(const struct cllm_model *m);
+struct cllm_backend *cllm_model_backend(const struct cllm_model *m); /* the one it runs on */
 int32_t cllm_model_max_tokens(const struct cllm_model *m);
 
 /* Bytes of KV cache one token takes (all layers, K and V). */

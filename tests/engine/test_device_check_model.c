@@ -10,6 +10,9 @@
  *     third of the bound. A right GPU's own BF16 error is of the same size (README, Measured),
  *     so the bound leaves room for both while a wrong op shows as tens of percent (the
  *     emulator's test_emu_model: a BLAS that drops part of each sum is 55% off).
+ *   - the attention op at long contexts (cllm_attention_compare): two CPU backends agree
+ *     exactly; an op that loses the keys past 256 (every call, or from its second call on)
+ *     is off by more than twice the bound; an op that fails is the checked side's failure.
  * (The device side of the check runs under the CUDA emulator in test_emu_model.)
  */
 #include <math.h>
@@ -105,9 +108,104 @@ static void test_models(void)
     unload(&gguf1), unload(&gguf2), unload(&gguf3), unload(&hf);
 }
 
+/* --- the attention at long contexts (cllm_attention_compare) --- */
+
+/* A CPU backend with a broken attention op, as a vendor stack might break a GPU's: the
+ * partial results past the first 256 keys lost (every call, or from the second call on: a
+ * scratch the op does not leave fit for its next call), or the op failing. */
+enum attn_fault { DROP_SPLITS, STALE_SECOND_CALL, FAIL };
+static enum attn_fault fault;
+static int attn_calls;
+static const struct cllm_backend_iface *cpu_iface;
+
+static enum cllm_status broken_attention(struct cllm_backend *be, const struct cllm_attn_batch *b,
+                                         const float *q, int32_t ldq, const void *k_cache,
+                                         const void *v_cache, int32_t n_head, int32_t n_kv,
+                                         int32_t head_dim, float scale, void *scratch, void *out)
+{
+    const bool broken = fault == DROP_SPLITS || (fault == STALE_SECOND_CALL && attn_calls > 0);
+    attn_calls++;
+    if (fault == FAIL)
+        return CLLM_ERR_DEVICE;
+    int32_t pos[64];
+    struct cllm_attn_batch short_b = *b;
+    if (broken && b->n_tokens <= 64) { /* every token sees keys 0..255 at most */
+        for (int32_t t = 0; t < b->n_tokens; t++)
+            pos[t] = b->pos[t] < 255 ? b->pos[t] : 255;
+        short_b.pos = pos;
+    }
+    return cpu_iface->attention(be, &short_b, q, ldq, k_cache, v_cache, n_head, n_kv, head_dim,
+                                scale, scratch, out);
+}
+
+static void test_attention(void)
+{
+    /* the 1.5B's heads (12 query, 2 KV, 128 wide) and the 0.5B's (14, 2, 64) */
+    struct cllm_hparams shapes[2] = {{.n_head = 12, .n_head_kv = 2, .head_dim = 128},
+                                     {.n_head = 14, .n_head_kv = 2, .head_dim = 64}};
+    struct cllm_backend *one = NULL, *two = NULL;
+    char err[512] = "";
+    struct cllm_backend_options o1 = {CLLM_BACKEND_CPU, 1, 0, CLLM_CPU_WEIGHTS_STORED};
+    struct cllm_backend_options o2 = {CLLM_BACKEND_CPU, 2, 0, CLLM_CPU_WEIGHTS_STORED};
+    const bool made = !cllm_backend_new(&one, &o1, err, sizeof err) &&
+                      !cllm_backend_new(&two, &o2, err, sizeof err);
+    CHECKF(made, "%s", err);
+    if (!made) {
+        cllm_backend_free(one);
+        return;
+    }
+    struct cllm_backend_iface broken_iface = *two->iface;
+    broken_iface.attention = broken_attention;
+    cpu_iface = two->iface;
+    struct cllm_backend broken = {&broken_iface, two->ctx};
+    for (int i = 0; i < 2; i++) {
+        struct cllm_hparams *hp = &shapes[i];
+        hp->rope_theta = 1e6f;
+        struct cllm_attn_agreement r;
+        bool a_failed = true;
+        enum cllm_status st = cllm_attention_compare(two, one, hp, &r, &a_failed, err, sizeof err);
+        CHECKF(st == CLLM_OK && !a_failed, "heads %d/%d: %s", (int)hp->n_head, (int)hp->n_head_kv,
+               err);
+        /* CPU threads do not change a row's arithmetic: the same bits */
+        CHECKF(r.rows == 2 * 20 * hp->n_head && r.worst == 0.0f && r.longest == 4200,
+               "1 thread vs 2: rows %d, worst %g", (int)r.rows, r.worst);
+
+        fault = DROP_SPLITS, attn_calls = 0;
+        st = cllm_attention_compare(&broken, one, hp, &r, &a_failed, err, sizeof err);
+        printf("heads %d/%d, keys past 256 lost: worst error %.1f%% of a head's largest output "
+               "at %d keys\n",
+               (int)hp->n_head, (int)hp->n_head_kv, 100.0 * r.worst, (int)r.worst_len);
+        CHECKF(st == CLLM_OK && r.worst > 2 * CLLM_DEVICE_CHECK_BOUND && r.worst_len > 256,
+               "lost splits: worst %g at %d keys", r.worst, (int)r.worst_len);
+        CHECKF(attn_calls == 2, "the checked op ran %d times, want 2", attn_calls);
+
+        fault = STALE_SECOND_CALL, attn_calls = 0;
+        st = cllm_attention_compare(&broken, one, hp, &r, &a_failed, err, sizeof err);
+        CHECKF(st == CLLM_OK && r.worst > 2 * CLLM_DEVICE_CHECK_BOUND,
+               "a wrong second call: worst %g", r.worst);
+
+        fault = FAIL;
+        st = cllm_attention_compare(&broken, one, hp, &r, &a_failed, err, sizeof err);
+        CHECKF(st == CLLM_ERR_DEVICE && a_failed && strstr(err, "checked"),
+               "a failing op: %s, a_failed %d: %s", cllm_status_str(st), a_failed, err);
+        st = cllm_attention_compare(one, &broken, hp, &r, &a_failed, err, sizeof err);
+        CHECKF(st == CLLM_ERR_DEVICE && !a_failed && strstr(err, "reference"),
+               "a failing reference: %s, a_failed %d: %s", cllm_status_str(st), a_failed, err);
+    }
+    struct cllm_hparams bad = {.n_head = 12, .n_head_kv = 5, .head_dim = 128};
+    bool a_failed = true;
+    struct cllm_attn_agreement r;
+    CHECK(cllm_attention_compare(two, one, &bad, &r, &a_failed, err, sizeof err) ==
+              CLLM_ERR_INVALID_ARG &&
+          !a_failed);
+    cllm_backend_free(one);
+    cllm_backend_free(two);
+}
+
 int main(void)
 {
     test_row_error();
+    test_attention();
     test_models();
     return test_summary();
 }
