@@ -120,48 +120,178 @@ static enum cllm_status compare_step(struct cllm_model *m[2], struct check_run *
     return CLLM_OK;
 }
 
+/* The value of the k-th largest of x[0..n) (k <= n, k <= DRAW_TOP_K_MAX). */
+#define DRAW_TOP_K_MAX 64
+static float kth_largest(const float *x, int32_t n, int32_t k)
+{
+    float best[DRAW_TOP_K_MAX]; /* the k largest so far, descending */
+    int32_t m = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (m == k && !(x[i] > best[k - 1]))
+            continue;
+        int32_t j = m < k ? m++ : k - 1;
+        for (; j > 0 && best[j - 1] < x[i]; j--)
+            best[j] = best[j - 1];
+        best[j] = x[i];
+    }
+    return best[k - 1];
+}
+
+bool cllm_draw_allowed(const float *want, int32_t n_vocab, const struct cllm_sample_row *k,
+                       const struct cllm_token_count *seen, int32_t n_seen, int32_t t, float slack,
+                       float *scratch)
+{
+    if (t < 0 || t >= n_vocab || k->top_k > DRAW_TOP_K_MAX)
+        return false;
+    float *x = scratch;
+    memcpy(x, want, (size_t)n_vocab * sizeof *x);
+    const float rep = k->repetition_penalty > 0.0f ? k->repetition_penalty : 1.0f;
+    if (n_seen > 0)
+        cllm_penalize(x, n_vocab, seen, (size_t)n_seen, -1, rep, k->presence_penalty,
+                      k->frequency_penalty);
+    const float xt = x[t];
+    int32_t above = 0; /* logits clearly greater than the drawn one's */
+    for (int32_t v = 0; v < n_vocab; v++)
+        above += x[v] > xt + slack;
+    if (k->temperature == 0.0f)
+        return above == 0;
+    if (k->top_k > 0 && above >= k->top_k)
+        return false;
+    if (k->top_p >= 1.0f)
+        return true;
+    /* Top-p keeps t when the tokens before it hold less than top_p of the mass (after the
+     * temperature, over what top-k keeps). Counted generously: the mass of tokens clearly
+     * above t, over every token top-k might keep. */
+    const float floor =
+        k->top_k > 0 && k->top_k < n_vocab ? kth_largest(x, n_vocab, k->top_k) - slack : -INFINITY;
+    float mx = -INFINITY;
+    for (int32_t v = 0; v < n_vocab; v++)
+        mx = fmaxf(mx, x[v]);
+    double z = 0.0, mass_above = 0.0;
+    for (int32_t v = 0; v < n_vocab; v++) {
+        if (!(x[v] >= floor))
+            continue;
+        const double p = exp((double)(x[v] - mx) / k->temperature);
+        z += p;
+        if (x[v] > xt + slack)
+            mass_above += p;
+    }
+    return mass_above < (double)k->top_p * z;
+}
+
 /* Draws from the step as built -- the one just compared, whose logits from a are want -- with
- * a's sampler (the step runs again: its cache slots get the same values): greedy must give
- * a's argmax, top-k a token among a's k best -- both within DRAW_SLACK of the row's range, as
- * the draw computes the step's logits once more and a vendor BLAS need not give the same bits
- * twice (a near-tie may then go the other way; a broken sampler misses by far more). With one
- * output the step runs once per kind of draw; with two, output 0 is drawn greedily and output
- * 1 with top-k in one step. */
-#define DRAW_TOP_K 20
+ * a's sampler (the step runs again: its cache slots get the same values), in every way a
+ * request may ask: greedy, top-k, the penalties, top-p alone, and Qwen2.5's defaults; a drawn
+ * token must be one the row's processors allow on want (cllm_draw_allowed), within DRAW_SLACK
+ * of the row's range, as the draw computes the step's logits once more and a vendor BLAS need
+ * not give the same bits twice (a near-tie may then go the other way; a broken sampler misses
+ * by far more). The penalized kinds take the row's three best tokens as seen (generated once),
+ * so that a sampler that skips the penalties would draw one of them. The draws are spread
+ * over the step's outputs, a step per one or two of them. */
 #define DRAW_SLACK 0.01f
+#define DRAW_SEEN 3
+struct draw_kind {
+    const char *name;
+    struct cllm_sample_row row;
+    int times; /* draws, at counters 0, 1, ... */
+};
+static const struct draw_kind draw_kinds[] = {
+    {"greedy", {.temperature = 0.0f, .top_p = 1.0f, .seed = 1}, 1},
+    {"top-k 20 at temperature 1", {.temperature = 1.0f, .top_k = 20, .top_p = 1.0f, .seed = 7}, 1},
+    {"greedy with penalties (repetition 2, presence 1, frequency 1)",
+     {.temperature = 0.0f,
+      .top_p = 1.0f,
+      .repetition_penalty = 2.0f,
+      .presence_penalty = 1.0f,
+      .frequency_penalty = 1.0f,
+      .seed = 2},
+     1},
+    /* the check's prompts are not text: their rows are flat, so a small top-p, for a sampler
+     * that ignored it to draw outside what it keeps (78% of the mass on the 0.5B) */
+    {"top-p 0.2 at temperature 1", {.temperature = 1.0f, .top_p = 0.2f, .seed = 11}, 3},
+    {"Qwen2.5's defaults (temperature 0.7, top-k 20, top-p 0.8, repetition penalty 1.1)",
+     {.temperature = 0.7f, .top_k = 20, .top_p = 0.8f, .repetition_penalty = 1.1f, .seed = 5},
+     4},
+};
+#define N_DRAW_KINDS ((int)(sizeof draw_kinds / sizeof draw_kinds[0]))
+
+static bool kind_penalized(const struct cllm_sample_row *k)
+{
+    return (k->repetition_penalty > 0.0f && k->repetition_penalty != 1.0f) ||
+           k->presence_penalty != 0.0f || k->frequency_penalty != 0.0f;
+}
+
+/* Draw i of the list: its kind and row (its counter and its outputs' seen tokens set). */
+static int draw_at(int i, struct cllm_sample_row *row)
+{
+    for (int k = 0; k < N_DRAW_KINDS; k++) {
+        if (i < draw_kinds[k].times) {
+            *row = draw_kinds[k].row;
+            row->counter = (uint64_t)i;
+            return k;
+        }
+        i -= draw_kinds[k].times;
+    }
+    return -1;
+}
+
 static enum cllm_status check_draws(struct cllm_model *a, struct check_run *c, const float *want,
                                     struct cllm_agreement *r, char *err, size_t err_len)
 {
     const int32_t n_vocab = cllm_model_hparams(a)->n_vocab, n_out = c->step.n_outputs;
+    int n_draws = 0;
+    for (int k = 0; k < N_DRAW_KINDS; k++)
+        n_draws += draw_kinds[k].times;
+    float *scratch = malloc((size_t)n_vocab * sizeof *scratch);
+    if (!scratch)
+        return cllm_fail(err, err_len, CLLM_ERR_NOMEM, "out of memory");
+    /* each output's seen tokens: its row's DRAW_SEEN best, as generated once */
+    struct cllm_token_count seen[2][DRAW_SEEN];
+    for (int32_t o = 0; o < n_out; o++) {
+        const float *row = want + (int64_t)o * n_vocab;
+        for (int j = 0; j < DRAW_SEEN; j++) {
+            int32_t best = -1;
+            for (int32_t v = 0; v < n_vocab; v++) {
+                bool taken = false;
+                for (int i = 0; i < j; i++)
+                    taken = taken || seen[o][i].token == v;
+                if (!taken && (best < 0 || row[v] > row[best]))
+                    best = v;
+            }
+            seen[o][j] = (struct cllm_token_count){best, 1};
+        }
+    }
     const float *logits;
     enum cllm_status s = CLLM_OK;
-    const struct cllm_sample_row kinds[2] = {
-        {.temperature = 0.0f, .top_p = 1.0f, .seed = 1},
-        {.temperature = 1.0f, .top_k = DRAW_TOP_K, .top_p = 1.0f, .seed = 7, .counter = 3}};
-    for (int pass = 0; pass < (n_out == 1 ? 2 : 1) && !s; pass++) {
+    r->first_bad_kind = NULL;
+    for (int d0 = 0; d0 < n_draws && !s; d0 += n_out) {
         struct cllm_sample_row rows[2];
-        int32_t tokens[2] = {-1, -1}, kind[2];
-        for (int32_t o = 0; o < n_out; o++)
-            rows[o] = kinds[kind[o] = n_out == 1 ? pass : o];
-        if ((s = cllm_model_forward_sample(a, &c->kv[0], &c->step, rows, NULL, tokens, &logits)))
-            break;
+        int32_t tokens[2] = {-1, -1};
+        int kind[2];
         for (int32_t o = 0; o < n_out; o++) {
+            kind[o] = draw_at(d0 + o < n_draws ? d0 + o : 0, &rows[o]);
+            if (kind_penalized(&rows[o]))
+                rows[o].counts_at = o * DRAW_SEEN, rows[o].n_counts = DRAW_SEEN;
+        }
+        if ((s = cllm_model_forward_sample(a, &c->kv[0], &c->step, rows, &seen[0][0], tokens,
+                                           &logits)))
+            break;
+        for (int32_t o = 0; o < n_out && d0 + o < n_draws; o++) {
             const float *row = want + (int64_t)o * n_vocab;
-            const int32_t t = tokens[o];
             float lo = row[0], hi = row[0];
             for (int32_t v = 1; v < n_vocab; v++)
                 lo = fminf(lo, row[v]), hi = fmaxf(hi, row[v]);
-            const float slack = DRAW_SLACK * (hi - lo);
-            int32_t above = 0; /* logits clearly greater than the drawn one's */
-            if (t >= 0 && t < n_vocab)
-                for (int32_t v = 0; v < n_vocab; v++)
-                    above += row[v] > row[t] + slack;
+            const bool pen = rows[o].n_counts > 0;
             const bool ok =
-                t >= 0 && t < n_vocab && (kind[o] == 0 ? above == 0 : above < DRAW_TOP_K);
+                cllm_draw_allowed(row, n_vocab, &rows[o], pen ? seen[o] : NULL, pen ? DRAW_SEEN : 0,
+                                  tokens[o], DRAW_SLACK * (hi - lo), scratch);
             r->draws++;
             r->bad_draws += !ok;
+            if (!ok && !r->first_bad_kind)
+                r->first_bad_kind = draw_kinds[kind[o]].name;
         }
     }
+    free(scratch);
     if (s)
         cllm_fail(err, err_len, s, "the checked model: drawing a token failed: %s",
                   cllm_status_str(s));
@@ -270,10 +400,10 @@ enum cllm_status cllm_device_check(struct cllm_model *dev, const char *dev_name,
                            100.0f * CLLM_DEVICE_CHECK_BOUND);
         } else if (r->bad_draws) {
             st = cllm_fail(err, err_len, CLLM_ERR_DEVICE,
-                           "device check: the %s backend's sampler drew %d wrong tokens of %d "
-                           "(greedy must be its argmax, top-%d among its %d best logits, "
-                           "within %.0f%% of the row's range)",
-                           dev_name, (int)r->bad_draws, (int)r->draws, DRAW_TOP_K, DRAW_TOP_K,
+                           "device check: the %s backend's sampler drew %d tokens of %d that "
+                           "the rows' processors do not allow (the first: %s; within %.0f%% of "
+                           "the row's range)",
+                           dev_name, (int)r->bad_draws, (int)r->draws, r->first_bad_kind,
                            100.0f * DRAW_SLACK);
         } else {
             st = cllm_fail(err, err_len, CLLM_ERR_DEVICE,

@@ -9,17 +9,18 @@
  * costs a forward pass, not a second copy) and compares every output row: two sequences'
  * prompts in one step of 64 tokens (the GEMMs' tiled path, prefill attention over up to three
  * KV blocks each), then two decode steps of both (the skinny GEMMs, the fused epilogues,
- * decode attention), then draws from the last step's logits with the device's sampler, then
+ * decode attention), then draws from the last step's logits with the device's sampler (ten
+ * draws: greedy, top-k, penalized greedy, top-p alone, Qwen2.5's sampling defaults), then
  * runs the attention op alone at contexts of up to 4,200 keys (cllm_attention_compare).
  *
  * The bound: a row agrees when no logit differs from the CPU's by more than
  * CLLM_DEVICE_CHECK_BOUND of the row's range (max - min of the CPU's row) and every logit is
  * finite. A right device differs by BF16 rounding of weights and activations (and, for a
  * quantized GGUF, by the CPU's 8-bit activations): about 1% of the range (README, Measured);
- * a wrong op, head, position or lane moves logits by tens of percent. A draw is right when a
- * greedy token is the device's own argmax and a top-k token is among its k best logits,
- * within 1% of the row's range (the draw's step computes its logits once more, and a vendor
- * BLAS need not repeat its bits).
+ * a wrong op, head, position or lane moves logits by tens of percent. A draw is right when its
+ * row's processors allow it on the device's own logits (cllm_draw_allowed: a greedy token is
+ * the penalized argmax, a top-k token among the k best, ...), within 1% of the row's range (the
+ * draw's step computes its logits once more, and a vendor BLAS need not repeat its bits).
  */
 #ifndef CLLM_ENGINE_DEVICE_CHECK_H
 #define CLLM_ENGINE_DEVICE_CHECK_H
@@ -40,8 +41,9 @@ struct cllm_agreement {
                           non-finite logit of a, or a row of b with no range */
     int32_t worst_row; /* the row where it is */
     int32_t draws;     /* tokens a drew from its last step's logits (its sampler) ... */
-    int32_t bad_draws; /* ... of which outside what the row allows: greedy not a's argmax,
-                          top-k not among a's k best (within 1% of the row's range) */
+    int32_t bad_draws; /* ... of which outside what the row allows (cllm_draw_allowed,
+                          within 1% of the row's range) */
+    const char *first_bad_kind; /* the kind of draw of the first bad one (NULL: none) */
 };
 
 /* Error in a's row against the reference row b of n logits, as a share of b's range: +inf if
@@ -50,7 +52,7 @@ float cllm_logit_row_error(const float *a, const float *b, int32_t n);
 
 /* Runs the check sequences through a and b (each with a small KV cache of its own, allocated
  * and freed here) and compares their output rows; then draws tokens from a's last step with
- * a's own sampler (the device's, where it has one): greedy, and top-k at temperature 1. When
+ * a's own sampler (the device's, where it has one), ten draws of five kinds (check_draws). When
  * both models take steps of 64 tokens and max_seqs (their max outputs) is at least 2, two
  * sequences share every step (rows: 2 for the prefill, 2 per decode step); else one sequence
  * runs alone, its prefill cut into steps the models take (rows: 1 per step). An error of a's
@@ -59,6 +61,16 @@ float cllm_logit_row_error(const float *a, const float *b, int32_t n);
 enum cllm_status cllm_models_compare(struct cllm_model *a, struct cllm_model *b, int32_t max_seqs,
                                      struct cllm_agreement *r, bool *a_failed, char *err,
                                      size_t err_len);
+
+/* Whether token t is a draw that row k may give from logits want[n_vocab] before its
+ * penalties (which apply over seen[n_seen], generated tokens or not, as cllm_penalize has
+ * them), with slack for logits computed once more (logits within slack of each other may
+ * change places): greedy is the penalized row's argmax; top-k among its k best; top-p among
+ * the tokens before which less than top_p of the mass (after temperature and top-k) lies.
+ * min_p is not judged. scratch holds n_vocab floats. */
+bool cllm_draw_allowed(const float *want, int32_t n_vocab, const struct cllm_sample_row *k,
+                       const struct cllm_token_count *seen, int32_t n_seen, int32_t t, float slack,
+                       float *scratch);
 
 /* How one backend's attention op agrees with a reference backend's (b) at long contexts. */
 struct cllm_attn_agreement {

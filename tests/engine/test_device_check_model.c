@@ -4,7 +4,8 @@
  *     infinity from the device, a flat reference row the device does not match);
  *   - the same model on two CPU backends (1 and 2 threads) agrees exactly, with one sequence
  *     whose prefill takes three steps and with two sequences sharing every step, and its
- *     draws (greedy, top-k) are what the rows allow;
+ *     draws (greedy, top-k, penalized greedy, top-p alone, Qwen2.5's defaults) are what the
+ *     rows allow, and what a draw may be is what each processor allows (cllm_draw_allowed);
  *   - the quantized GGUF on the CPU (8-bit activations, the reference a GPU is checked against
  *     when it serves a GGUF) against the F32 HF folder made from it (exact arithmetic): within a
  *     third of the bound. A right GPU's own BF16 error is of the same size (README, Measured),
@@ -17,6 +18,7 @@
  */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
@@ -78,6 +80,80 @@ static void compare(struct loaded *a, struct loaded *b, int32_t max_seqs, struct
            what, (int)r->rows, 100.0 * r->worst, (int)r->worst_row, (int)r->top1_same);
 }
 
+/* The draw check's power on real logits: the next-token row after 40 tokens of the check's
+ * first sequence through the model, under the kinds check_draws uses (their values repeated
+ * here). A sampler that skipped the penalties would draw a token the penalized greedy kind
+ * refuses; one that skipped top-p would draw, at each top-p 0.2 draw, outside what top-p keeps
+ * with the probability of the mass outside (at least half); Qwen2.5's defaults keep fewer
+ * tokens than their top-k alone. */
+static void test_draw_power(struct loaded *l)
+{
+    enum { N = 40 };
+    const int32_t n_vocab = cllm_model_hparams(l->m)->n_vocab;
+    int32_t tokens[N], pos[N], seq[N], slot[N], table[3] = {0, 1, 2}, out = N - 1;
+    for (int32_t t = 0; t < N; t++)
+        tokens[t] = (int32_t)(((int64_t)t * 7919 + 11) % 32000), pos[t] = t, seq[t] = 0,
+        slot[t] = t;
+    struct cllm_step step = {N, tokens, pos, seq, slot, table, 1, 3, 1, &out};
+    struct cllm_kv_cache kv;
+    const float *logits = NULL;
+    char err[256] = "";
+    if (cllm_kv_cache_init(&kv, l->m, 3, 16, err, sizeof err) ||
+        cllm_model_forward(l->m, &kv, &step, &logits)) {
+        CHECKF(false, "forward: %s", err);
+        return;
+    }
+    float *row = malloc((size_t)n_vocab * sizeof *row), *scratch = malloc((size_t)n_vocab * 4);
+    memcpy(row, logits, (size_t)n_vocab * sizeof *row);
+    cllm_kv_cache_free(&kv, l->m);
+    float lo = row[0], hi = row[0];
+    for (int32_t v = 1; v < n_vocab; v++)
+        lo = fminf(lo, row[v]), hi = fmaxf(hi, row[v]);
+    const float slack = 0.01f * (hi - lo);
+    /* the row's three best, as seen (generated once) */
+    struct cllm_token_count seen[3];
+    for (int j = 0; j < 3; j++) {
+        int32_t best = -1;
+        for (int32_t v = 0; v < n_vocab; v++) {
+            bool taken = false;
+            for (int i = 0; i < j; i++)
+                taken = taken || seen[i].token == v;
+            if (!taken && (best < 0 || row[v] > row[best]))
+                best = v;
+        }
+        seen[j] = (struct cllm_token_count){best, 1};
+    }
+    const struct cllm_sample_row pen = {.temperature = 0.0f,
+                                        .top_p = 1.0f,
+                                        .repetition_penalty = 2.0f,
+                                        .presence_penalty = 1.0f,
+                                        .frequency_penalty = 1.0f};
+    CHECKF(!cllm_draw_allowed(row, n_vocab, &pen, seen, 3, seen[0].token, slack, scratch),
+           "penalized greedy allows the unpenalized argmax");
+    const struct cllm_sample_row p2 = {.temperature = 1.0f, .top_p = 0.2f};
+    const struct cllm_sample_row qwen = {
+        .temperature = 0.7f, .top_k = 20, .top_p = 0.8f, .repetition_penalty = 1.1f};
+    const struct cllm_sample_row k20 = {.temperature = 0.7f, .top_k = 20, .top_p = 1.0f};
+    int32_t p2_kept = 0, qwen_kept = 0, k20_kept = 0;
+    double z = 0.0, p2_out = 0.0; /* the mass of what top-p 0.2 refuses, at temperature 1 */
+    for (int32_t v = 0; v < n_vocab; v++) {
+        const bool kept = cllm_draw_allowed(row, n_vocab, &p2, NULL, 0, v, slack, scratch);
+        z += exp((double)(row[v] - hi));
+        p2_out += kept ? 0.0 : exp((double)(row[v] - hi));
+        p2_kept += kept;
+        qwen_kept += cllm_draw_allowed(row, n_vocab, &qwen, seen, 3, v, slack, scratch);
+        k20_kept += cllm_draw_allowed(row, n_vocab, &k20, seen, 3, v, slack, scratch);
+    }
+    printf("draw check on a real row: top-p 0.2 allows %d tokens of %d, %.0f%% of the mass "
+           "outside; Qwen2.5's defaults %d (top-k 20 alone: %d)\n",
+           (int)p2_kept, (int)n_vocab, 100.0 * p2_out / z, (int)qwen_kept, (int)k20_kept);
+    CHECKF(p2_kept >= 1 && p2_out >= 0.5 * z, "top-p 0.2 allows %d, %.0f%% of the mass outside",
+           (int)p2_kept, 100.0 * p2_out / z);
+    CHECKF(qwen_kept >= 1 && qwen_kept < k20_kept, "Qwen's defaults allow %d, top-k alone %d",
+           (int)qwen_kept, (int)k20_kept);
+    free(row), free(scratch);
+}
+
 static void test_models(void)
 {
     struct loaded gguf1, gguf2, gguf3, hf;
@@ -88,24 +164,66 @@ static void test_models(void)
         return;
     struct cllm_agreement r;
     /* One sequence: steps of 16 tokens cut its prefill into 16 + 16 + 8: three rows, then two
-     * decode steps. The CPU draws on the host as a device sampler would: greedy, then top-k. */
+     * decode steps. The CPU draws on the host as a device sampler would: ten draws of five
+     * kinds (greedy, top-k, penalized greedy, top-p alone, Qwen2.5's defaults). */
+    test_draw_power(&gguf1);
     compare(&gguf1, &gguf2, 1, &r, "GGUF, 1 thread vs 2, one sequence");
     CHECKF(r.rows == 5 && r.worst == 0.0f && r.top1_same == 5, "rows %d, worst %g", (int)r.rows,
            r.worst);
-    CHECKF(r.draws == 2 && r.bad_draws == 0, "%d of %d draws wrong", (int)r.bad_draws,
-           (int)r.draws);
-    /* Two sequences in every step: 2 prefill rows, 2 per decode step, one greedy and one top-k
-     * draw in the last step. */
+    CHECKF(r.draws == 10 && r.bad_draws == 0, "%d of %d draws wrong (the first: %s)",
+           (int)r.bad_draws, (int)r.draws, r.first_bad_kind ? r.first_bad_kind : "none");
+    /* Two sequences in every step: 2 prefill rows, 2 per decode step, the ten draws two at a
+     * time in the last step. */
     compare(&gguf1, &gguf3, 2, &r, "GGUF, 1 thread vs 2, two sequences");
     CHECKF(r.rows == 6 && r.worst == 0.0f && r.top1_same == 6, "rows %d, worst %g", (int)r.rows,
            r.worst);
-    CHECKF(r.draws == 2 && r.bad_draws == 0, "%d of %d draws wrong", (int)r.bad_draws,
-           (int)r.draws);
+    CHECKF(r.draws == 10 && r.bad_draws == 0, "%d of %d draws wrong (the first: %s)",
+           (int)r.bad_draws, (int)r.draws, r.first_bad_kind ? r.first_bad_kind : "none");
     compare(&gguf1, &hf, 2, &r, "GGUF (8-bit activations) vs its F32 HF folder");
     CHECKF(r.rows == 6 && r.worst <= CLLM_DEVICE_CHECK_BOUND / 3,
            "rows %d, worst %.3f%% of a row's range: the bound (%.0f%%) has too little room",
            (int)r.rows, 100.0 * r.worst, 100.0 * CLLM_DEVICE_CHECK_BOUND);
     unload(&gguf1), unload(&gguf2), unload(&gguf3), unload(&hf);
+}
+
+/* What a draw may be (cllm_draw_allowed), on a row whose probabilities at temperature 1 are
+ * 0.472, 0.427, 0.064, 0.024, ... */
+static void test_draw_allowed(void)
+{
+    const float want[8] = {5.0f, 4.9f, 3.0f, 2.0f, 1.0f, 0.0f, -1.0f, -2.0f};
+    float scratch[8];
+    const struct cllm_token_count first[1] = {{0, 0}}, two[2] = {{0, 1}, {1, 1}};
+#define ALLOWED(row, seen, n_seen, t, slack)                                                       \
+    cllm_draw_allowed(want, 8, &(row), seen, n_seen, t, slack, scratch)
+    struct cllm_sample_row greedy = {.temperature = 0.0f, .top_p = 1.0f};
+    CHECK(ALLOWED(greedy, NULL, 0, 0, 0.0f) && !ALLOWED(greedy, NULL, 0, 1, 0.0f));
+    CHECK(ALLOWED(greedy, NULL, 0, 1, 0.2f)); /* a near-tie may go either way */
+    CHECK(!ALLOWED(greedy, NULL, 0, -1, 0.0f) && !ALLOWED(greedy, NULL, 0, 8, 0.0f));
+    /* repetition 2 on token 0 (seen in the prompt): 2.5, so token 1 is the argmax */
+    struct cllm_sample_row rep = greedy;
+    rep.repetition_penalty = 2.0f;
+    CHECK(ALLOWED(rep, first, 1, 1, 0.0f) && !ALLOWED(rep, first, 1, 0, 0.0f));
+    CHECK(ALLOWED(rep, NULL, 0, 0, 0.0f)); /* nothing seen: nothing penalized */
+    /* presence and frequency 1.5 on tokens 0 and 1, generated once: 2.0 and 1.9 < 3.0 */
+    struct cllm_sample_row pf = greedy;
+    pf.presence_penalty = 1.5f, pf.frequency_penalty = 1.5f;
+    CHECK(ALLOWED(pf, two, 2, 2, 0.0f) && !ALLOWED(pf, two, 2, 0, 0.0f));
+    struct cllm_sample_row top2 = {.temperature = 1.0f, .top_k = 2, .top_p = 1.0f};
+    CHECK(ALLOWED(top2, NULL, 0, 1, 0.0f) && !ALLOWED(top2, NULL, 0, 2, 0.0f));
+    CHECK(ALLOWED(top2, NULL, 0, 2, 2.0f)); /* within slack of the second best */
+    /* top-p 0.5: tokens 0 and 1 (0.472 before token 1), not 2 (0.899 before it) */
+    struct cllm_sample_row p5 = {.temperature = 1.0f, .top_p = 0.5f};
+    CHECK(ALLOWED(p5, NULL, 0, 0, 0.0f) && ALLOWED(p5, NULL, 0, 1, 0.0f));
+    CHECK(!ALLOWED(p5, NULL, 0, 2, 0.0f));
+    struct cllm_sample_row p4 = {.temperature = 1.0f, .top_p = 0.4f};
+    CHECK(ALLOWED(p4, NULL, 0, 0, 0.0f) && !ALLOWED(p4, NULL, 0, 1, 0.0f));
+    /* the temperature counts: at 0.1, token 0 holds 0.73 */
+    struct cllm_sample_row cold = {.temperature = 0.1f, .top_p = 0.5f};
+    CHECK(!ALLOWED(cold, NULL, 0, 1, 0.0f));
+    /* top-p over what top-k keeps: within the top 2, token 0 holds 0.525 */
+    struct cllm_sample_row k2p5 = {.temperature = 1.0f, .top_k = 2, .top_p = 0.5f};
+    CHECK(!ALLOWED(k2p5, NULL, 0, 1, 0.0f) && ALLOWED(k2p5, NULL, 0, 0, 0.0f));
+#undef ALLOWED
 }
 
 /* --- the attention at long contexts (cllm_attention_compare) --- */
@@ -205,6 +323,7 @@ static void test_attention(void)
 int main(void)
 {
     test_row_error();
+    test_draw_allowed();
     test_attention();
     test_models();
     return test_summary();
