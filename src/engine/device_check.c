@@ -120,28 +120,11 @@ static enum cllm_status compare_step(struct cllm_model *m[2], struct check_run *
     return CLLM_OK;
 }
 
-/* The value of the k-th largest of x[0..n) (k <= n, k <= DRAW_TOP_K_MAX). */
-#define DRAW_TOP_K_MAX 64
-static float kth_largest(const float *x, int32_t n, int32_t k)
-{
-    float best[DRAW_TOP_K_MAX]; /* the k largest so far, descending */
-    int32_t m = 0;
-    for (int32_t i = 0; i < n; i++) {
-        if (m == k && !(x[i] > best[k - 1]))
-            continue;
-        int32_t j = m < k ? m++ : k - 1;
-        for (; j > 0 && best[j - 1] < x[i]; j--)
-            best[j] = best[j - 1];
-        best[j] = x[i];
-    }
-    return best[k - 1];
-}
-
 bool cllm_draw_allowed(const float *want, int32_t n_vocab, const struct cllm_sample_row *k,
                        const struct cllm_token_count *seen, int32_t n_seen, int32_t t, float slack,
                        float *scratch)
 {
-    if (t < 0 || t >= n_vocab || k->top_k > DRAW_TOP_K_MAX)
+    if (t < 0 || t >= n_vocab)
         return false;
     float *x = scratch;
     memcpy(x, want, (size_t)n_vocab * sizeof *x);
@@ -162,8 +145,9 @@ bool cllm_draw_allowed(const float *want, int32_t n_vocab, const struct cllm_sam
     /* Top-p keeps t when the tokens before it hold less than top_p of the mass (after the
      * temperature, over what top-k keeps). Counted generously: the mass of tokens clearly
      * above t, over every token top-k might keep. */
-    const float floor =
-        k->top_k > 0 && k->top_k < n_vocab ? kth_largest(x, n_vocab, k->top_k) - slack : -INFINITY;
+    const float floor = k->top_k > 0 && k->top_k < n_vocab
+                            ? cllm_kth_largest(x + n_vocab, k->top_k, x, n_vocab) - slack
+                            : -INFINITY;
     float mx = -INFINITY;
     for (int32_t v = 0; v < n_vocab; v++)
         mx = fmaxf(mx, x[v]);
@@ -242,13 +226,18 @@ static enum cllm_status check_draws(struct cllm_model *a, struct check_run *c, c
     int n_draws = 0;
     for (int k = 0; k < N_DRAW_KINDS; k++)
         n_draws += draw_kinds[k].times;
-    float *scratch = malloc((size_t)n_vocab * sizeof *scratch);
+    float *scratch = malloc(2 * (size_t)n_vocab * sizeof *scratch);
     if (!scratch)
         return cllm_fail(err, err_len, CLLM_ERR_NOMEM, "out of memory");
-    /* each output's seen tokens: its row's DRAW_SEEN best, as generated once */
+    /* each output's seen tokens: its row's DRAW_SEEN best, as generated once; its slack */
     struct cllm_token_count seen[2][DRAW_SEEN];
+    float slack[2];
     for (int32_t o = 0; o < n_out; o++) {
         const float *row = want + (int64_t)o * n_vocab;
+        float lo = row[0], hi = row[0];
+        for (int32_t v = 1; v < n_vocab; v++)
+            lo = fminf(lo, row[v]), hi = fmaxf(hi, row[v]);
+        slack[o] = DRAW_SLACK * (hi - lo);
         for (int j = 0; j < DRAW_SEEN; j++) {
             int32_t best = -1;
             for (int32_t v = 0; v < n_vocab; v++) {
@@ -277,14 +266,10 @@ static enum cllm_status check_draws(struct cllm_model *a, struct check_run *c, c
                                            &logits)))
             break;
         for (int32_t o = 0; o < n_out && d0 + o < n_draws; o++) {
-            const float *row = want + (int64_t)o * n_vocab;
-            float lo = row[0], hi = row[0];
-            for (int32_t v = 1; v < n_vocab; v++)
-                lo = fminf(lo, row[v]), hi = fmaxf(hi, row[v]);
             const bool pen = rows[o].n_counts > 0;
-            const bool ok =
-                cllm_draw_allowed(row, n_vocab, &rows[o], pen ? seen[o] : NULL, pen ? DRAW_SEEN : 0,
-                                  tokens[o], DRAW_SLACK * (hi - lo), scratch);
+            const bool ok = cllm_draw_allowed(want + (int64_t)o * n_vocab, n_vocab, &rows[o],
+                                              pen ? seen[o] : NULL, pen ? DRAW_SEEN : 0, tokens[o],
+                                              slack[o], scratch);
             r->draws++;
             r->bad_draws += !ok;
             if (!ok && !r->first_bad_kind)

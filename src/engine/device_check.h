@@ -67,7 +67,7 @@ enum cllm_status cllm_models_compare(struct cllm_model *a, struct cllm_model *b,
  * them), with slack for logits computed once more (logits within slack of each other may
  * change places): greedy is the penalized row's argmax; top-k among its k best; top-p among
  * the tokens before which less than top_p of the mass (after temperature and top-k) lies.
- * min_p is not judged. scratch holds n_vocab floats. */
+ * min_p is not judged. scratch holds 2 * n_vocab floats. */
 bool cllm_draw_allowed(const float *want, int32_t n_vocab, const struct cllm_sample_row *k,
                        const struct cllm_token_count *seen, int32_t n_seen, int32_t t, float slack,
                        float *scratch);

@@ -291,9 +291,9 @@ static void sift_down(float *h, int32_t n, int32_t i)
     h[i] = v;
 }
 
-/* The k-th largest logit (0 < k < n): a min-heap of the k largest seen so far. Most logits lose
- * to the heap's root at once, so this is one compare per logit for the usual k of 20-100. */
-static float kth_largest(float *heap, int32_t k, const float *l, int32_t n)
+/* A min-heap of the k largest seen so far: most logits lose to the heap's root at once, so
+ * this is one compare per logit for the usual k of 20-100. */
+float cllm_kth_largest(float *heap, int32_t k, const float *l, int32_t n)
 {
     memcpy(heap, l, (size_t)k * sizeof *heap);
     for (int32_t i = k / 2 - 1; i >= 0; i--)
@@ -437,7 +437,7 @@ static enum cllm_status build_dist(struct cllm_sampler *s, float *logits, struct
     double z = 0.0, thr, p_gap = INFINITY;
     double min_gap = use_min ? -log(min_p) * (1.0 + 1e-9) + 1e-9 : INFINITY;
     if (use_k) {
-        thr = kth_largest(s->heap, s->top_k, logits, n);
+        thr = cllm_kth_largest(s->heap, s->top_k, logits, n);
     } else {
         if (use_p)
             nucleus_bound(logits, n, mx, top_p, &z, &p_gap);

@@ -76,6 +76,9 @@ enum cllm_status cllm_sampler_accept(struct cllm_sampler *s, int32_t token);
  * win (0 if all are NaN). */
 int32_t cllm_argmax(const float *l, int32_t n);
 
+/* The k-th largest of l[0..n) (0 < k < n), with heap[k] as scratch. */
+float cllm_kth_largest(float *heap, int32_t k, const float *l, int32_t n);
+
 /* The distribution sample() draws from, for tests and debugging: probs[n_vocab] gets each
  * token's final probability (0 for removed ones; 1 on the argmax when greedy). logits are
  * overwritten as in sample(); nothing is recorded and the RNG does not advance. */

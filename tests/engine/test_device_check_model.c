@@ -24,6 +24,7 @@
 #include "backend/backend.h"
 #include "core/status.h"
 #include "engine/device_check.h"
+#include "sampling/sampling.h"
 #include "test.h"
 
 static void test_row_error(void)
@@ -80,6 +81,39 @@ static void compare(struct loaded *a, struct loaded *b, int32_t max_seqs, struct
            what, (int)r->rows, 100.0 * r->worst, (int)r->worst_row, (int)r->top1_same);
 }
 
+static const float *order_key;
+static int by_key_descending(const void *a, const void *b)
+{
+    const float x = order_key[*(const int32_t *)a], y = order_key[*(const int32_t *)b];
+    return (x < y) - (x > y);
+}
+
+/* How many tokens row k allows on row: a token is allowed when few enough tokens, and little
+ * enough mass, lie clearly above it in the penalized row, so the allowed ones lead that row's
+ * descending order; counted down it to the first refused one (not one call per token of the
+ * vocabulary: each call reads the whole row). order gets the order. */
+static int32_t allowed_count(const float *row, int32_t n_vocab, const struct cllm_sample_row *k,
+                             const struct cllm_token_count *seen, int32_t n_seen, float slack,
+                             float *scratch, int32_t *order)
+{
+    float *x = malloc((size_t)n_vocab * sizeof *x);
+    memcpy(x, row, (size_t)n_vocab * sizeof *x);
+    if (n_seen > 0)
+        cllm_penalize(x, n_vocab, seen, (size_t)n_seen, -1,
+                      k->repetition_penalty > 0.0f ? k->repetition_penalty : 1.0f,
+                      k->presence_penalty, k->frequency_penalty);
+    for (int32_t v = 0; v < n_vocab; v++)
+        order[v] = v;
+    order_key = x;
+    qsort(order, (size_t)n_vocab, sizeof *order, by_key_descending);
+    int32_t n = 0;
+    while (n < n_vocab &&
+           cllm_draw_allowed(row, n_vocab, k, seen, n_seen, order[n], slack, scratch))
+        n++;
+    free(x);
+    return n;
+}
+
 /* The draw check's power on real logits: the next-token row after 40 tokens of the check's
  * first sequence through the model, under the kinds check_draws uses (their values repeated
  * here). A sampler that skipped the penalties would draw a token the penalized greedy kind
@@ -103,7 +137,7 @@ static void test_draw_power(struct loaded *l)
         CHECKF(false, "forward: %s", err);
         return;
     }
-    float *row = malloc((size_t)n_vocab * sizeof *row), *scratch = malloc((size_t)n_vocab * 4);
+    float *row = malloc((size_t)n_vocab * sizeof *row), *scratch = malloc(2 * (size_t)n_vocab * 4);
     memcpy(row, logits, (size_t)n_vocab * sizeof *row);
     cllm_kv_cache_free(&kv, l->m);
     float lo = row[0], hi = row[0];
@@ -134,16 +168,16 @@ static void test_draw_power(struct loaded *l)
     const struct cllm_sample_row qwen = {
         .temperature = 0.7f, .top_k = 20, .top_p = 0.8f, .repetition_penalty = 1.1f};
     const struct cllm_sample_row k20 = {.temperature = 0.7f, .top_k = 20, .top_p = 1.0f};
-    int32_t p2_kept = 0, qwen_kept = 0, k20_kept = 0;
+    int32_t *order = malloc((size_t)n_vocab * sizeof *order);
+    const int32_t qwen_kept = allowed_count(row, n_vocab, &qwen, seen, 3, slack, scratch, order);
+    const int32_t k20_kept = allowed_count(row, n_vocab, &k20, seen, 3, slack, scratch, order);
+    const int32_t p2_kept = allowed_count(row, n_vocab, &p2, NULL, 0, slack, scratch, order);
     double z = 0.0, p2_out = 0.0; /* the mass of what top-p 0.2 refuses, at temperature 1 */
-    for (int32_t v = 0; v < n_vocab; v++) {
-        const bool kept = cllm_draw_allowed(row, n_vocab, &p2, NULL, 0, v, slack, scratch);
-        z += exp((double)(row[v] - hi));
-        p2_out += kept ? 0.0 : exp((double)(row[v] - hi));
-        p2_kept += kept;
-        qwen_kept += cllm_draw_allowed(row, n_vocab, &qwen, seen, 3, v, slack, scratch);
-        k20_kept += cllm_draw_allowed(row, n_vocab, &k20, seen, 3, v, slack, scratch);
+    for (int32_t i = 0; i < n_vocab; i++) {
+        z += exp((double)(row[order[i]] - hi));
+        p2_out += i < p2_kept ? 0.0 : exp((double)(row[order[i]] - hi));
     }
+    free(order);
     printf("draw check on a real row: top-p 0.2 allows %d tokens of %d, %.0f%% of the mass "
            "outside; Qwen2.5's defaults %d (top-k 20 alone: %d)\n",
            (int)p2_kept, (int)n_vocab, 100.0 * p2_out / z, (int)qwen_kept, (int)k20_kept);
@@ -191,7 +225,7 @@ static void test_models(void)
 static void test_draw_allowed(void)
 {
     const float want[8] = {5.0f, 4.9f, 3.0f, 2.0f, 1.0f, 0.0f, -1.0f, -2.0f};
-    float scratch[8];
+    float scratch[16];
     const struct cllm_token_count first[1] = {{0, 0}}, two[2] = {{0, 1}, {1, 1}};
 #define ALLOWED(row, seen, n_seen, t, slack)                                                       \
     cllm_draw_allowed(want, 8, &(row), seen, n_seen, t, slack, scratch)
