@@ -88,6 +88,9 @@ struct cllm_engine {
     bool stop;                                          /* under lock */
     char lost[192]; /* under lock: why the device can run nothing more ("" while it can) */
     const char *backend_name;       /* under lock: the backend's name (a static string) */
+    double stall_s;                 /* under lock: a turn longer than this is a stall; 0: none */
+    double turn_started;            /* under lock: cllm_now() when the current turn began; 0
+                                       while the engine waits for work */
     uint64_t next_id;               /* under lock */
     struct cllm_engine_stats stats; /* under lock */
 };
@@ -409,6 +412,19 @@ static bool on_gpu(const struct cllm_engine *e)
     return strcmp(e->be->iface->name, "cpu") != 0;
 }
 
+/* The stall timeout on a GPU unless one is set: its steps take milliseconds (a few more when a
+ * batch size is first recorded); a minute in one is a device that no longer answers. */
+#define GPU_STALL_TIMEOUT_S 60.0
+
+/* How long one turn may run on the current backend before the engine counts as stalled (0:
+ * any time). */
+static double stall_limit(const struct cllm_engine *e)
+{
+    if (e->cfg.stall_timeout != 0)
+        return e->cfg.stall_timeout > 0 ? e->cfg.stall_timeout : 0;
+    return on_gpu(e) ? GPU_STALL_TIMEOUT_S : 0;
+}
+
 static enum cllm_status init_model_on(struct cllm_engine *e, enum cllm_backend_kind kind, char *err,
                                       size_t err_len)
 {
@@ -547,6 +563,7 @@ static bool move_to_cpu(struct cllm_engine *e, enum cllm_status rc)
     set_step_modes(e);
     pthread_mutex_lock(&e->lock);
     e->backend_name = e->be->iface->name;
+    e->stall_s = stall_limit(e);
     e->stats.kv_blocks_total = (int32_t)n_blocks;
     pthread_mutex_unlock(&e->lock);
     return true;
@@ -821,9 +838,11 @@ static void *engine_main(void *arg)
         if (idle)
             deliver_pending(e); /* before sleeping: nothing may stay undelivered */
         pthread_mutex_lock(&e->lock);
+        e->turn_started = 0; /* waiting for work is no stall */
         while (!e->stop && !e->incoming_head && idle)
             pthread_cond_wait(&e->wake, &e->lock);
         bool stop = e->stop;
+        e->turn_started = cllm_now();
         pthread_mutex_unlock(&e->lock);
         take_incoming(e);
         if (stop)
@@ -1024,6 +1043,7 @@ enum cllm_status cllm_engine_new(struct cllm_engine **out, const struct cllm_mod
             cllm_log(CLLM_LOG_WARN, "engine: no threads for host draws; the engine draws alone");
     }
     e->backend_name = e->be->iface->name;
+    e->stall_s = stall_limit(e);
     e->stats.kv_blocks_total = (int32_t)n_blocks;
     e->stats.block_size = cfg->block_size;
     e->stats.n_ctx = e->n_ctx;
@@ -1057,16 +1077,36 @@ void cllm_engine_free(struct cllm_engine *e)
     release(e);
 }
 
+/* Under lock: the seconds the current turn has run if that is past the stall timeout, else 0. */
+static double stalled_for(const struct cllm_engine *e, double now)
+{
+    const double busy = e->turn_started > 0 ? now - e->turn_started : 0;
+    return e->stall_s > 0 && busy > e->stall_s ? busy : 0;
+}
+
+/* Under lock: why the engine counts as stalled, for logs and clients. */
+static void describe_stall(const struct cllm_engine *e, double busy, char *why, size_t why_len)
+{
+    snprintf(why, why_len,
+             "the engine has waited %.1f s for one step on the %s device (stall timeout %g s): "
+             "the device does not answer",
+             busy, e->backend_name, e->stall_s);
+}
+
 enum cllm_status cllm_engine_submit(struct cllm_engine *e, const int32_t *prompt, int32_t n_prompt,
                                     const struct cllm_request_params *p, struct cllm_request **out,
                                     char *err, size_t err_len)
 {
     *out = NULL;
-    char lost[sizeof e->lost];
+    char lost[256];
     pthread_mutex_lock(&e->lock);
     bool full = e->stats.waiting + e->n_incoming >= e->cfg.max_queue;
     uint64_t id = ++e->next_id;
-    memcpy(lost, e->lost, sizeof lost);
+    _Static_assert(sizeof lost >= sizeof e->lost, "room for the loss");
+    memcpy(lost, e->lost, sizeof e->lost);
+    const double stalled = lost[0] ? 0 : stalled_for(e, cllm_now());
+    if (stalled > 0) /* a request queued now would wait as long as the device does */
+        describe_stall(e, stalled, lost, sizeof lost);
     pthread_mutex_unlock(&e->lock);
     if (lost[0])
         return cllm_fail(err, err_len, CLLM_ERR_DEVICE, "%s", lost);
@@ -1098,6 +1138,16 @@ enum cllm_status cllm_engine_submit(struct cllm_engine *e, const int32_t *prompt
     return CLLM_OK;
 }
 
+bool cllm_engine_stalled(struct cllm_engine *e, char *why, size_t why_len)
+{
+    pthread_mutex_lock(&e->lock);
+    const double busy = stalled_for(e, cllm_now());
+    if (busy > 0 && why_len)
+        describe_stall(e, busy, why, why_len);
+    pthread_mutex_unlock(&e->lock);
+    return busy > 0;
+}
+
 bool cllm_engine_lost(struct cllm_engine *e, char *why, size_t why_len)
 {
     pthread_mutex_lock(&e->lock);
@@ -1120,6 +1170,9 @@ void cllm_engine_stats(struct cllm_engine *e, struct cllm_engine_stats *s)
 {
     pthread_mutex_lock(&e->lock);
     *s = e->stats;
+    const double now = cllm_now();
+    s->turn_seconds = e->turn_started > 0 ? now - e->turn_started : 0;
+    s->stalled = stalled_for(e, now) > 0;
     pthread_mutex_unlock(&e->lock);
 }
 

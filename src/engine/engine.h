@@ -38,6 +38,11 @@ struct cllm_engine_config {
     bool no_device_check;     /* skip comparing a GPU's logits with the CPU's at start
                                  (device_check.h); a GPU that fails it is not used under
                                  CLLM_BACKEND_AUTO and is an error when asked for by name */
+    double stall_timeout;     /* seconds one turn of the engine (a step, with run-ahead the
+                                 wait for one) may take before the engine counts as stalled
+                                 (cllm_engine_stalled); 0 = 60 on a GPU, never on the CPU
+                                 (whose steps are the host's own work, seconds each on a big
+                                 batch); < 0 = never */
 };
 
 void cllm_engine_config_default(struct cllm_engine_config *c);
@@ -51,6 +56,8 @@ struct cllm_engine_stats {
     uint64_t steps, prompt_tokens, generated_tokens, preemptions;
     uint64_t prefix_queries, prefix_hits; /* in blocks */
     uint64_t requests_finished;
+    double turn_seconds; /* how long the engine's current turn has run (0: idle) */
+    bool stalled;        /* turn_seconds is past the stall timeout (cllm_engine_stalled) */
 };
 
 struct cllm_engine;
@@ -79,6 +86,12 @@ void cllm_engine_stats(struct cllm_engine *e, struct cllm_engine_stats *s);
  * since ends with an error and submits fail with CLLM_ERR_DEVICE; why gets the reason. The
  * server reports itself unhealthy then. */
 bool cllm_engine_lost(struct cllm_engine *e, char *why, size_t why_len);
+/* True while the engine's current turn has run longer than its stall timeout (engine config):
+ * a device that stops answering without an error keeps the engine thread waiting in one sync,
+ * where nothing else can end it. Unlike a loss this may clear: if the device answers again the
+ * engine goes on. While it lasts, submits fail with CLLM_ERR_DEVICE, the server reports itself
+ * unhealthy and its handlers stop waiting (server/job.h); why gets the reason. */
+bool cllm_engine_stalled(struct cllm_engine *e, char *why, size_t why_len);
 int32_t cllm_engine_n_ctx(const struct cllm_engine *e);
 /* The backend it runs on: a static string ("cpu", "cuda"); under --device auto it turns to
  * "cpu" if the GPU is lost (engine.c, move_to_cpu). */

@@ -227,32 +227,46 @@ static void cancel_all(struct cllm_job *j)
  * ends it at its next step, which a stalled device may never reach. */
 #define MAX_TIME_GRACE_S 5.0
 
-/* Requests past their max_time and its grace end with the text polled so far (the engine
- * cancels them when it can). */
-static void give_up_late(struct cllm_job *j)
+bool cllm_job_give_up(struct cllm_request *r, struct cllm_request_output *o, const char *stalled,
+                      double now)
 {
-    const double now = cllm_now();
-    for (int32_t i = 0; i < j->n; i++) {
-        struct cllm_request_output *o = &j->outs[i];
-        const double deadline = j->reqs[i]->deadline; /* set at submit, read-only since */
-        if (o->finished || deadline <= 0 || now < deadline + MAX_TIME_GRACE_S)
-            continue;
+    const double deadline = r->deadline; /* set at submit, read-only since */
+    const bool late = deadline > 0 && now >= deadline + MAX_TIME_GRACE_S;
+    if (o->finished || (!late && !stalled))
+        return false;
+    if (late)
         cllm_log(CLLM_LOG_ERROR,
                  "request %llu: no answer %.0f s after its max_time (a stalled device?): it "
                  "ends with the text so far",
-                 (unsigned long long)j->reqs[i]->id, MAX_TIME_GRACE_S);
-        cllm_request_cancel(j->reqs[i]);
-        o->finished = true;
-        o->reason = CLLM_FINISH_TIME;
-        o->t_finish = now;
-    }
+                 (unsigned long long)r->id, MAX_TIME_GRACE_S);
+    cllm_request_cancel(r);
+    o->finished = true;
+    o->reason = CLLM_FINISH_TIME;
+    o->t_finish = now;
+    return true;
+}
+
+/* Requests past their max_time and its grace, or all of them while the engine is stalled, end
+ * with the text polled so far (the engine cancels them when it can). */
+static void give_up_late(struct cllm_server *s, struct cllm_job *j, int32_t next)
+{
+    char why[256];
+    const char *stalled = cllm_engine_stalled(s->engine, why, sizeof why) ? why : NULL;
+    const double now = cllm_now();
+    int32_t n_stalled = 0;
+    for (int32_t i = next; i < j->n; i++)
+        if (cllm_job_give_up(j->reqs[i], &j->outs[i], stalled, now) && stalled)
+            n_stalled++;
+    if (n_stalled)
+        cllm_log(CLLM_LOG_ERROR, "%d requests end with the text so far: %s", (int)n_stalled,
+                 stalled);
 }
 
 enum cllm_job_end cllm_job_wait(struct cllm_server *s, struct cllm_job *j, int fd)
 {
     int32_t next = 0; /* requests before next have finished */
     for (;;) {
-        give_up_late(j);
+        give_up_late(s, j, next);
         while (next < j->n && j->outs[next].finished)
             next++;
         if (next == j->n)

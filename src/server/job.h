@@ -74,6 +74,13 @@ enum cllm_status cllm_job_submit(struct cllm_server *s, struct cllm_job *j,
  * cancelling the requests, when the peer of fd (-1: none) goes away or the server stops. */
 enum cllm_job_end cllm_job_wait(struct cllm_server *s, struct cllm_job *j, int fd);
 
+/* Whether a handler stops waiting for r, whose output so far is o: r is 5 s past its max_time
+ * (the engine ends it at its next step, which a stalled device may never reach), or stalled
+ * says why the engine is stuck (cllm_engine_stalled; NULL: it is not). Then o ends as if by
+ * max_time, with the text polled so far, and r is cancelled. */
+bool cllm_job_give_up(struct cllm_request *r, struct cllm_request_output *o, const char *stalled,
+                      double now);
+
 /* The first request that failed in the engine (CLLM_FINISH_ERROR or CANCELLED), as an index,
  * or -1 if all finished normally. */
 int32_t cllm_job_failed(const struct cllm_job *j);

@@ -150,6 +150,12 @@ enum cllm_status cllm_metrics_render(struct cllm_metrics *m, const struct cllm_e
     put(&t, "cllm_prefix_cache_hits_total %llu\n", (unsigned long long)es->prefix_hits);
     head(&t, "cllm_preemptions_total", "counter", "Sequences preempted to free KV blocks.");
     put(&t, "cllm_preemptions_total %llu\n", (unsigned long long)es->preemptions);
+    head(&t, "cllm_engine_turn_seconds", "gauge",
+         "Seconds the engine has been in its current step (0 while it waits for work).");
+    put(&t, "cllm_engine_turn_seconds %.3f\n", es->turn_seconds);
+    head(&t, "cllm_engine_stalled", "gauge",
+         "1 while the current step has run past the stall timeout (the device does not answer).");
+    put(&t, "cllm_engine_stalled %d\n", es->stalled ? 1 : 0);
     enum cllm_status st = t.failed ? CLLM_ERR_NOMEM : cllm_buf_append(out, t.b.data, t.b.len);
     cllm_buf_free(&t.b);
     return st;

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/log.h"
 #include "core/status.h"
 #include "server/http.h"
 #include "server/routes.h"
@@ -129,6 +130,19 @@ static void put_error(struct stream *st, const char *msg)
     put_event(st, o);
 }
 
+/* As a whole answer would (cllm_job_give_up): past max_time and its grace, or while the
+ * engine is stalled, the stream ends with the text it has. */
+static bool give_up(struct stream *st)
+{
+    char why[256];
+    const char *stalled = cllm_engine_stalled(st->s->engine, why, sizeof why) ? why : NULL;
+    if (!cllm_job_give_up(st->req, &st->out, stalled, cllm_now()))
+        return false;
+    if (stalled)
+        cllm_log(CLLM_LOG_ERROR, "a stream ends with the text so far: %s", stalled);
+    return true;
+}
+
 /* Produces the next events into pending: waits for the engine in short slices, watching for
  * the client leaving and the server stopping. Returns false to abort the stream. */
 static bool produce(struct stream *st)
@@ -150,7 +164,7 @@ static bool produce(struct stream *st)
     }
     for (;;) {
         st->out.text.len = 0;
-        st->finished = cllm_request_poll(st->req, 50, &st->out);
+        st->finished = cllm_request_poll(st->req, 50, &st->out) || give_up(st);
         if (st->out.text.len)
             put_chunk(st, st->out.text.data, st->out.text.len, false, NULL);
         if (st->pending.len || st->finished)

@@ -43,8 +43,10 @@ enum MHD_Result cllm_route_health(struct cllm_server *s, struct cllm_http_req *h
             cJSON_AddStringToObject(o, "error", s->load_error);
         return cllm_http_reply_json(hr, 503, o);
     }
-    char lost[192];
-    if (cllm_engine_lost(s->engine, lost, sizeof lost)) {
+    /* A lost device stays lost; a stalled one may answer again (then this says ok again). */
+    char lost[256];
+    if (cllm_engine_lost(s->engine, lost, sizeof lost) ||
+        cllm_engine_stalled(s->engine, lost, sizeof lost)) {
         cJSON_AddStringToObject(o, "status", "error");
         cJSON_AddStringToObject(o, "error", lost);
         return cllm_http_reply_json(hr, 503, o);

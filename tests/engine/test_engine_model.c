@@ -11,6 +11,8 @@
  *     computes, and under preemption;
  *   - a device that fails mid-batch under --device auto (lost, with and without run-ahead, or
  *     once): the engine moves to the CPU and every answer is still the same as alone;
+ *   - a device that stops answering: the engine reports itself stalled past its stall timeout
+ *     (and only then), refuses new requests, and goes on once the device answers;
  *   - seeded sampling with Qwen's default settings gives the same answers alone and batched
  *     (the host draws of a step run on the CPU backend's threads together);
  *   - cancellation frees the request's KV blocks within a step;
@@ -26,6 +28,7 @@
 #include <cjson/cJSON.h>
 
 #include "core/mmap.h"
+#include "core/status.h"
 #include "engine/engine.h"
 #include "test.h"
 
@@ -335,6 +338,100 @@ static void test_device_lost(const struct cllm_buf *alone)
     rmdir(dir);
 }
 
+/* Polls e up to 10 s for cllm_engine_stalled to say `want`; returns the seconds it took. */
+static double wait_stalled(struct cllm_engine *e, bool want, char *why, size_t why_len)
+{
+    const double t0 = cllm_now();
+    while (cllm_engine_stalled(e, why, why_len) != want && cllm_now() - t0 < 10)
+        usleep(10000);
+    return cllm_now() - t0;
+}
+
+/* A device that stops answering without an error (CLLM_FAULT_STALL: each sync waits while the
+ * fault file exists). On the fake GPU with a stall timeout of 0.5 s (run-ahead, as on a GPU):
+ * the engine reports itself stalled once a step has run 0.5 s and refuses new requests, and
+ * once the device answers again it is no longer stalled and the request's answer is the same
+ * as alone. On the CPU (the default: no stall timeout) a stall of 1.5 s is not reported. */
+static void test_device_stall(const struct cllm_buf *alone)
+{
+    char dir[] = "/tmp/cllm-stall-XXXXXX", trigger[64];
+    if (!mkdtemp(dir)) {
+        CHECKF(0, "mkdtemp failed");
+        return;
+    }
+    snprintf(trigger, sizeof trigger, "%s/stall", dir);
+    setenv("CLLM_FAULT_FILE", trigger, 1);
+    setenv("CLLM_FAULT_STALL", "1", 1);
+    for (int gpu = 1; gpu >= 0; gpu--) {
+        if (gpu)
+            setenv("CLLM_FAULT_NAME", "fake-gpu", 1);
+        else
+            unsetenv("CLLM_FAULT_NAME");
+        struct cllm_engine_config c;
+        cllm_engine_config_default(&c);
+        c.n_threads = 2;
+        c.max_batch_tokens = 256;
+        c.max_seqs = 16;
+        c.n_ctx = 512;
+        c.overlap = c.run_ahead = gpu ? 1 : -1;
+        c.stall_timeout = gpu ? 0.5 : 0;
+        char err[512], why[256] = "";
+        struct cllm_engine *e = NULL;
+        enum cllm_status rc = cllm_engine_new(&e, mf, &c, err, sizeof err);
+        CHECKF(rc == CLLM_OK, "%s", err);
+        if (rc)
+            break;
+        CHECK(!cllm_engine_stalled(e, why, sizeof why));
+        struct cllm_request_params p;
+        params(&p, GEN);
+        struct cllm_request *r, *late = NULL;
+        struct cllm_request_output out = {0};
+        CHECKF(cllm_engine_submit(e, prompts[0].v, (int32_t)prompts[0].n, &p, &r, err,
+                                  sizeof err) == CLLM_OK,
+               "%s", err);
+        while (!cllm_request_poll(r, 10, &out) && out.n_generated < 3)
+            ;
+        fclose(fopen(trigger, "w"));
+        double waited = wait_stalled(e, true, why, sizeof why);
+        struct cllm_engine_stats st;
+        cllm_engine_stats(e, &st);
+        if (gpu) {
+            printf("stall: reported after %.2f s: %s\n", waited, why);
+            CHECKF(waited < 5 && strstr(why, "does not answer") && strstr(why, "fake-gpu"),
+                   "the stalled fake GPU: reported after %.2f s: '%s'", waited, why);
+            CHECKF(st.stalled && st.turn_seconds > 0.5, "stats: stalled %d after %.2f s",
+                   (int)st.stalled, st.turn_seconds);
+            rc = cllm_engine_submit(e, prompts[1].v, (int32_t)prompts[1].n, &p, &late, err,
+                                    sizeof err);
+            CHECKF(rc == CLLM_ERR_DEVICE && strstr(err, "does not answer"),
+                   "a submit while stalled: %s (%s)", cllm_status_str(rc), err);
+            CHECK(!cllm_engine_lost(e, NULL, 0));
+        } else {
+            CHECKF(waited >= 1.5 && !st.stalled,
+                   "the CPU, no stall timeout: not stalled after %.2f s (%s)", waited, why);
+        }
+        unlink(trigger);
+        if (gpu)
+            CHECKF(wait_stalled(e, false, why, sizeof why) < 5, "still stalled once the device "
+                                                                "answers");
+        while (!cllm_request_poll(r, -1, &out))
+            ;
+        CHECKF(out.reason != CLLM_FINISH_ERROR && out.text.len == alone[0].len &&
+                   memcmp(out.text.data, alone[0].data, alone[0].len) == 0,
+               "%s: the answer after the stall differs (%zu bytes of %zu)", gpu ? "gpu" : "cpu",
+               out.text.len, alone[0].len);
+        cllm_request_release(r);
+        if (late)
+            cllm_request_release(late);
+        cllm_buf_free(&out.text);
+        cllm_engine_free(e);
+    }
+    unsetenv("CLLM_FAULT_FILE");
+    unsetenv("CLLM_FAULT_NAME");
+    unsetenv("CLLM_FAULT_STALL");
+    rmdir(dir);
+}
+
 static void test_invariance(void)
 {
     struct cllm_buf alone[N_Q] = {0}, batched[N_Q] = {0}, squeezed[N_Q] = {0};
@@ -385,6 +482,7 @@ static void test_invariance(void)
     test_stop_string(alone);
     test_eos_run_ahead(alone);
     test_device_lost(alone);
+    test_device_stall(alone);
     for (int i = 0; i < N_Q; i++) {
         CHECKF(n_batched[i] == n_alone[i], "question %d: %d tokens batched, %d alone", i,
                (int)n_batched[i], (int)n_alone[i]);

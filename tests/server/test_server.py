@@ -849,11 +849,39 @@ def test_lost_gpu_moves_to_cpu():
         stop_fault_server(srv, trigger, "the server that moved to the CPU")
 
 
+def in_thread(results, key, fn, *args, **kw):
+    """Runs fn(*args, **kw) on a thread; results[key] gets (its value, seconds it took)."""
+    def run():
+        t = time.monotonic()
+        try:
+            v = fn(*args, **kw)
+        except OSError as e:
+            v = e
+        results[key] = (v, time.monotonic() - t)
+    th = threading.Thread(target=run)
+    th.start()
+    return th
+
+
+def stream_ended_short(result, what):
+    """A stream (request()'s result, seconds) that ended with the text it had: status 200,
+    a last chunk with finish_reason "length", then [DONE]."""
+    (st, _, data), dt = result
+    ev = sse_events(data)
+    last = json.loads(ev[-2]) if len(ev) >= 2 else {}
+    check(st == 200 and ev[-1:] == ["[DONE]"]
+          and last.get("choices", [{}])[0].get("finish_reason") == "length",
+          f"{what}: the stream ends with finish_reason length and [DONE] after {dt:.1f} s: "
+          f"{st} {data[-300:]!r}")
+    return dt
+
+
 def test_stalled_device():
     """The device stops answering without an error (CLLM_FAULT_STALL: each sync waits while
-    the fault file exists): a request with max_time still gets its answer, the text so far,
-    5 s after its time (the handler gives up on the stalled engine), and once the device
-    answers again the server serves on."""
+    the fault file exists), shorter than the stall timeout (60 s on a GPU): a /predict and a
+    stream with max_time still get their answers, the text so far, 5 s after their time (the
+    handler gives up on the stalled engine), and once the device answers again the server
+    serves on."""
     trigger = os.path.join(tempfile.mkdtemp(prefix="cllm-stall-"), "stall")
     srv = Server("--gpu-probe-timeout", "0", env={
         "CLLM_FAULT_FILE": trigger, "CLLM_FAULT_NAME": "fake-gpu", "CLLM_FAULT_STALL": "1"})
@@ -861,13 +889,21 @@ def test_stalled_device():
         if not check(srv.wait_ready(), "server with a device that can stall ready"):
             return
         open(trigger, "w").close()
-        t = time.monotonic()
-        st, _, j = post(srv.port, "/predict", {"prompt": ["hi", "1, 2, 3,"], "max_tokens": 50,
-                                               "max_time": 1}, timeout=60)
-        dt = time.monotonic() - t
+        res = {}
+        threads = [
+            in_thread(res, "predict", post, srv.port, "/predict",
+                      {"prompt": ["hi", "1, 2, 3,"], "max_tokens": 50, "max_time": 1}, timeout=60),
+            in_thread(res, "stream", request, srv.port, "POST", "/v1/completions",
+                      {"prompt": "1, 2, 3,", "max_tokens": 50, "max_time": 1, "stream": True},
+                      timeout=60)]
+        for th in threads:
+            th.join(70)
+        (st, _, j), dt = res["predict"]
         resp = j.get("response") if isinstance(j, dict) else None
         check(st == 200 and isinstance(resp, list) and len(resp) == 2 and 5.5 < dt < 12,
               f"a stalled device: answered {dt:.1f} s after max_time 1 s: {st} {str(j)[:200]}")
+        dt = stream_ended_short(res["stream"], "a stalled device, max_time 1 s")
+        check(5.5 < dt < 12, f"the stream ended {dt:.1f} s after its max_time of 1 s")
         check("a stalled device?" in srv.text(), "the log says why the answer came late")
         os.unlink(trigger)
         st, _, j = post(srv.port, "/predict", {"prompt": "hi", "max_tokens": 2}, timeout=60)
@@ -875,6 +911,67 @@ def test_stalled_device():
               f"served again once the device answers: {st} {j}")
     finally:
         stop_fault_server(srv, trigger, "the server whose device stalled")
+
+
+def test_stall_timeout():
+    """--stall-timeout 3 and a device that stops answering: once one step has run 3 s the
+    engine counts as stalled. Then GET / and /health answer 503 with the reason, /metrics says
+    cllm_engine_stalled 1, new requests get 503 at once, and the requests in flight without
+    max_time -- a /predict list and a stream -- end with the text they have. Once the device
+    answers again the server is healthy and serves."""
+    trigger = os.path.join(tempfile.mkdtemp(prefix="cllm-stall-"), "stall")
+    srv = Server("--gpu-probe-timeout", "0", "--stall-timeout", "3", env={
+        "CLLM_FAULT_FILE": trigger, "CLLM_FAULT_NAME": "fake-gpu", "CLLM_FAULT_STALL": "1"})
+    try:
+        if not check(srv.wait_ready(), "server with --stall-timeout 3 ready"):
+            return
+        port = srv.port
+        open(trigger, "w").close()
+        res = {}
+        threads = [
+            in_thread(res, "predict", post, port, "/predict",
+                      {"prompt": ["hi", "1, 2, 3,"], "max_tokens": 50}, timeout=60),
+            in_thread(res, "stream", request, port, "POST", "/v1/completions",
+                      {"prompt": "1, 2, 3,", "max_tokens": 50, "stream": True}, timeout=60)]
+        time.sleep(1)
+        st, _, body = request(port, "GET", "/health")
+        check(st == 200, f"healthy 1 s into the stall (timeout 3 s): {st} {body[:200]}")
+        for th in threads:
+            th.join(70)
+        (st, _, j), dt = res["predict"]
+        resp = j.get("response") if isinstance(j, dict) else None
+        check(st == 200 and isinstance(resp, list) and len(resp) == 2 and 2.5 < dt < 15,
+              f"stalled 3 s: /predict answered after {dt:.1f} s: {st} {str(j)[:200]}")
+        dt = stream_ended_short(res["stream"], "stalled 3 s")
+        check(2.5 < dt < 15, f"stalled 3 s: the stream ended after {dt:.1f} s")
+        for path in ("/", "/health"):
+            st, _, body = request(port, "GET", path)
+            h = json.loads(body)
+            check(st == 503 and h.get("status") == "error"
+                  and "does not answer" in h.get("error", ""),
+                  f"{path} reports the stall: {st} {h}")
+        check(metric(port, "cllm_engine_stalled") == 1 and
+              metric(port, "cllm_engine_turn_seconds") > 3, "the metrics report the stall")
+        t = time.monotonic()
+        st, _, j = post(port, "/predict", {"prompt": "hi", "max_tokens": 2}, timeout=30)
+        check(st == 503 and is_error(j) and "does not answer" in j["error"]["message"]
+              and time.monotonic() - t < 2, f"a new request while stalled gets 503 at once: {st} {j}")
+        check("end with the text so far" in srv.text() and "a stream ends" in srv.text(),
+              "the log says why the answers ended")
+        os.unlink(trigger)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            st, _, body = request(port, "GET", "/health")
+            if st == 200:
+                break
+            time.sleep(0.05)
+        check(st == 200, f"healthy again once the device answers: {st} {body[:200]}")
+        check(metric(port, "cllm_engine_stalled") == 0, "the metrics say the stall is over")
+        st, _, j = post(port, "/predict", {"prompt": "hi", "max_tokens": 2}, timeout=60)
+        check(st == 200 and isinstance(j.get("response"), str),
+              f"served again after the stall: {st} {j}")
+    finally:
+        stop_fault_server(srv, trigger, "the server past its stall timeout")
 
 
 def test_gpu_probe():
@@ -972,6 +1069,7 @@ def main():
     test_lost_gpu_moves_to_cpu()
     test_gpu_probe()
     test_stalled_device()
+    test_stall_timeout()
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 

@@ -16,7 +16,15 @@
 #include "gen_opts.h"
 #include "server/server.h"
 
-enum { OPT_HOST = 2000, OPT_PORT, OPT_API_KEY, OPT_MAX_QUEUE, OPT_MAX_BODY, OPT_PROBE_TIMEOUT };
+enum {
+    OPT_HOST = 2000,
+    OPT_PORT,
+    OPT_API_KEY,
+    OPT_MAX_QUEUE,
+    OPT_MAX_BODY,
+    OPT_PROBE_TIMEOUT,
+    OPT_STALL_TIMEOUT
+};
 
 /* Seconds the GPU probe (src/server/probe.h) may take before the server gives up on the GPU:
  * a healthy one loads, checks and generates in seconds; the health check's 180 s deadline
@@ -36,6 +44,10 @@ static void usage(FILE *f)
             "  --gpu-probe-timeout S   --device auto: the GPU is first tried in a child process;\n"
             "                          one that crashes, fails or takes longer than S seconds\n"
             "                          (default %d) leaves the server on the CPU; 0: not tried\n"
+            "  --stall-timeout S       a step that runs longer than S seconds is a device that\n"
+            "                          no longer answers: /health says 503 and the requests end\n"
+            "                          with the text they have (default 60 on a GPU, never on\n"
+            "                          the CPU; 0: never)\n"
             "request defaults (each request may override them) and engine sizing:\n" CLLM_GEN_USAGE,
             DEFAULT_PROBE_TIMEOUT_S);
 }
@@ -70,6 +82,7 @@ int cllm_cmd_serve(int argc, char **argv)
         {"max-queue", required_argument, 0, OPT_MAX_QUEUE},
         {"max-body", required_argument, 0, OPT_MAX_BODY},
         {"gpu-probe-timeout", required_argument, 0, OPT_PROBE_TIMEOUT},
+        {"stall-timeout", required_argument, 0, OPT_STALL_TIMEOUT},
         {"help", no_argument, 0, 'h'},
         CLLM_GEN_LONG_OPTIONS,
         {0, 0, 0, 0}};
@@ -79,6 +92,7 @@ int cllm_cmd_serve(int argc, char **argv)
                                      .port = CLLM_SERVER_DEFAULT_PORT,
                                      .probe_timeout_s = DEFAULT_PROBE_TIMEOUT_S};
     unsigned long long v;
+    double stall_timeout = 0; /* the engine's default */
     int c;
     while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
         switch (c) {
@@ -101,6 +115,18 @@ int cllm_cmd_serve(int argc, char **argv)
             }
             cfg.probe_timeout_s = (double)v;
             break;
+        case OPT_STALL_TIMEOUT: {
+            char *end;
+            errno = 0;
+            double t = strtod(optarg, &end);
+            if (errno || end == optarg || *end || !(t >= 0 && t <= 86400)) {
+                fprintf(stderr, "cllm: invalid value '%s' for --stall-timeout (seconds, 0-86400)\n",
+                        optarg);
+                return 2;
+            }
+            stall_timeout = t > 0 ? t : -1; /* the engine's "never" */
+            break;
+        }
         case OPT_PORT:
         case OPT_MAX_QUEUE:
         case OPT_MAX_BODY:
@@ -138,6 +164,7 @@ int cllm_cmd_serve(int argc, char **argv)
         return 2;
     }
     cfg.engine = g.engine;
+    cfg.engine.stall_timeout = stall_timeout;
     /* The probe runs this very binary (its probe-device command). */
     char exe[4096];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
