@@ -1181,6 +1181,11 @@ int32_t cllm_engine_n_ctx(const struct cllm_engine *e)
     return e->n_ctx;
 }
 
+int32_t cllm_engine_max_seqs(const struct cllm_engine *e)
+{
+    return e->cfg.max_seqs;
+}
+
 const char *cllm_engine_backend_name(struct cllm_engine *e)
 {
     pthread_mutex_lock(&e->lock);

@@ -93,6 +93,8 @@ bool cllm_engine_lost(struct cllm_engine *e, char *why, size_t why_len);
  * unhealthy and its handlers stop waiting (server/job.h); why gets the reason. */
 bool cllm_engine_stalled(struct cllm_engine *e, char *why, size_t why_len);
 int32_t cllm_engine_n_ctx(const struct cllm_engine *e);
+/* The most sequences one step takes (the config's max_seqs after its defaults and limits). */
+int32_t cllm_engine_max_seqs(const struct cllm_engine *e);
 /* The backend it runs on: a static string ("cpu", "cuda"); under --device auto it turns to
  * "cpu" if the GPU is lost (engine.c, move_to_cpu). */
 const char *cllm_engine_backend_name(struct cllm_engine *e);

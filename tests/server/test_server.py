@@ -828,7 +828,8 @@ def test_lost_gpu_moves_to_cpu():
     (CLLM_FAULT_NAME) -- is not the end: the engine moves to the CPU, the request in flight and
     every later one are answered, and the health check says where it runs now."""
     trigger = os.path.join(tempfile.mkdtemp(prefix="cllm-fault-"), "lost")
-    srv = Server(env={"CLLM_FAULT_FILE": trigger, "CLLM_FAULT_NAME": "fake-gpu"})
+    # (4 sequences a step: the GPU probe's full batch stays short on the CPU)
+    srv = Server("--max-seqs", "4", env={"CLLM_FAULT_FILE": trigger, "CLLM_FAULT_NAME": "fake-gpu"})
     try:
         if not check(srv.wait_ready(), "fourth server (fault file, passing for a GPU) ready"):
             return
@@ -977,15 +978,18 @@ def test_stall_timeout():
 def test_gpu_probe():
     """--device auto first tries the GPU in a child process (src/server/probe.h). Here the GPU
     is the CPU backend passing for one (CLLM_FAULT_NAME), and the child crashes or hangs once
-    its engine runs (CLLM_FAULT_PROBE), as a broken GPU stack would: the server still starts,
-    on the CPU, once the child is dead or past --gpu-probe-timeout; a child that passes leaves
-    the server on the 'GPU'."""
+    its engine runs (CLLM_FAULT_PROBE), as a broken GPU stack would, or fails a step of its
+    full batch (4 sequences here): the server still starts, on the CPU, once the child is dead,
+    failed or past --gpu-probe-timeout; a child that passes leaves the server on the 'GPU'."""
     d = tempfile.mkdtemp(prefix="cllm-probe-")
-    never = os.path.join(d, "never")  # the fault file is never made: the fake GPU stays up
-    for fault, backend, says in (("", "fake-gpu", "passed in a child process"),
-                                 ("crash", "cpu", "died of signal"),
-                                 ("hang", "cpu", "did not finish in 4 s")):
-        srv = Server("--gpu-probe-timeout", "4", env={
+    # the fault file: never made but by the "wide" child, which makes it fail one sync
+    never = os.path.join(d, "never")
+    for fault, backend, says, timeout in (
+            ("", "fake-gpu", "passed in a child process", 60),
+            ("crash", "cpu", "died of signal", 60),
+            ("hang", "cpu", "did not finish in 4 s", 4),
+            ("wide", "cpu", "a step of 4 sequences failed on the GPU", 60)):
+        srv = Server("--gpu-probe-timeout", str(timeout), "--max-seqs", "4", env={
             "CLLM_FAULT_FILE": never, "CLLM_FAULT_NAME": "fake-gpu", "CLLM_FAULT_PROBE": fault})
         try:
             if not check(srv.wait_ready(timeout=120), f"probe {fault or 'passing'}: ready"):
@@ -997,6 +1001,10 @@ def test_gpu_probe():
             check(st == 200 and isinstance(j.get("response"), str),
                   f"probe {fault or 'passing'}: answers: {st} {j}")
             check(says in srv.text(), f"probe {fault or 'passing'}: the log says '{says}'")
+            if not fault:
+                check("4 sequences at once" in srv.text() and
+                      "0 of the 2 greedy ones differ" in srv.text(),
+                      "probe passing: its full batch gave the answer alone")
             print(f"probe {fault or 'passing'}: ready in {srv.startup:.1f} s on {backend}",
                   flush=True)
         finally:
