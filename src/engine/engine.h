@@ -89,8 +89,9 @@ bool cllm_engine_lost(struct cllm_engine *e, char *why, size_t why_len);
 /* True while the engine's current turn has run longer than its stall timeout (engine config):
  * a device that stops answering without an error keeps the engine thread waiting in one sync,
  * where nothing else can end it. Unlike a loss this may clear: if the device answers again the
- * engine goes on. While it lasts, submits fail with CLLM_ERR_DEVICE, the server reports itself
- * unhealthy and its handlers stop waiting (server/job.h); why gets the reason. */
+ * engine goes on. While it lasts, submits fail with CLLM_ERR_DEVICE, and the server moves to
+ * the CPU (cllm_server_fail_over) or reports itself unhealthy, its handlers no longer waiting
+ * (server/job.h); why gets the reason. */
 bool cllm_engine_stalled(struct cllm_engine *e, char *why, size_t why_len);
 int32_t cllm_engine_n_ctx(const struct cllm_engine *e);
 /* The most sequences one step takes (the config's max_seqs after its defaults and limits). */

@@ -159,7 +159,7 @@ enum cllm_status cllm_job_set_text(struct cllm_server *s, struct cllm_job *j, in
         return cllm_fail(err, err_len, CLLM_ERR_INVALID_ARG, "%s is empty", what);
     if (cllm_tokenize(s->mf->tok, text, len, ids) != CLLM_OK)
         return cllm_fail(err, err_len, CLLM_ERR_NOMEM, "out of memory tokenizing %s", what);
-    int32_t n_ctx = cllm_engine_n_ctx(s->engine);
+    int32_t n_ctx = cllm_engine_n_ctx(cllm_server_engine(s));
     if (ids->n == 0)
         return cllm_fail(err, err_len, CLLM_ERR_INVALID_ARG, "%s has no tokens", what);
     if (ids->n >= (size_t)n_ctx)
@@ -198,12 +198,15 @@ enum cllm_status cllm_job_set_chat(struct cllm_server *s, struct cllm_job *j, in
 enum cllm_status cllm_job_submit(struct cllm_server *s, struct cllm_job *j,
                                  const struct cllm_request_params *p, char *err, size_t err_len)
 {
-    if (cllm_engine_queue_full(s->engine))
+    struct cllm_engine *e = cllm_server_engine(s);
+    j->engine = e;
+    j->params = p;
+    if (cllm_engine_queue_full(e))
         return cllm_fail(err, err_len, CLLM_ERR_BUSY, "the queue is full: try again later");
     for (int32_t i = 0; i < j->n; i++) {
         const struct cllm_ids *ids = &j->prompts[i];
         enum cllm_status st =
-            cllm_engine_submit(s->engine, ids->v, (int32_t)ids->n, p, &j->reqs[i], err, err_len);
+            cllm_engine_submit(e, ids->v, (int32_t)ids->n, p, &j->reqs[i], err, err_len);
         if (st) {
             for (int32_t k = 0; k < i; k++) {
                 cllm_request_cancel(j->reqs[k]);
@@ -246,12 +249,102 @@ bool cllm_job_give_up(struct cllm_request *r, struct cllm_request_output *o, con
     return true;
 }
 
-/* Requests past their max_time and its grace, or all of them while the engine is stalled, end
- * with the text polled so far (the engine cancels them when it can). */
+/* Polls request i into outs[i] (see cllm_request_poll), counting in what it generated on an
+ * engine it left. */
+static bool poll_one(struct cllm_job *j, int32_t i, int timeout_ms)
+{
+    struct cllm_request_output *o = &j->outs[i];
+    bool done = cllm_request_poll(j->reqs[i], timeout_ms, o);
+    if (j->carried && j->carried[i]) {
+        o->n_prompt = (int32_t)j->prompts[i].n;
+        o->n_generated += j->carried[i];
+    }
+    return done;
+}
+
+/* Request i again on engine `to`, from its prompt and its text so far, with left tokens and
+ * time_left seconds (0: no limit) to go. */
+static enum cllm_status resubmit(struct cllm_server *s, struct cllm_job *j, int32_t i,
+                                 struct cllm_engine *to, int32_t left, double time_left,
+                                 struct cllm_request **out)
+{
+    struct cllm_ids ids = {0};
+    const struct cllm_ids *prompt = &j->prompts[i];
+    const struct cllm_buf *text = &j->outs[i].text;
+    enum cllm_status st = cllm_ids_append(&ids, prompt->v, prompt->n);
+    if (!st && text->len)
+        st = cllm_tokenize(s->mf->tok, text->data, text->len, &ids);
+    struct cllm_request_params p = *j->params;
+    p.max_tokens = left;
+    p.max_time = time_left;
+    char err[256];
+    if (!st)
+        st = cllm_engine_submit(to, ids.v, (int32_t)ids.n, &p, out, err, sizeof err);
+    if (st)
+        cllm_log(CLLM_LOG_ERROR,
+                 "request %llu cannot go on on the CPU (%s): it ends with the "
+                 "text so far",
+                 (unsigned long long)j->reqs[i]->id, cllm_status_str(st));
+    cllm_ids_free(&ids);
+    return st;
+}
+
+/* The server moved to engine `to` (cllm_server_fail_over) from the stalled j->engine: every
+ * unfinished request goes on there (cllm_job_wait); one that cannot, or has no tokens or time
+ * left, ends with the text it has. The old requests are cancelled: a stuck engine that
+ * answers again drops them. */
+static void carry_over(struct cllm_server *s, struct cllm_job *j, int32_t next,
+                       struct cllm_engine *to)
+{
+    j->engine = to;
+    if (!j->carried)
+        j->carried = cllm_calloc_array((size_t)j->n, sizeof *j->carried);
+    const double now = cllm_now();
+    int32_t moved = 0;
+    for (int32_t i = next; i < j->n; i++) {
+        struct cllm_request_output *o = &j->outs[i];
+        struct cllm_request *old = j->reqs[i];
+        if (o->finished || poll_one(j, i, 0)) /* (it may have ended since the last poll) */
+            continue;
+        const double deadline = old->deadline; /* set at submit, read-only since */
+        const int32_t left = j->params->max_tokens - o->n_generated;
+        struct cllm_request *r = NULL;
+        enum cllm_status st = CLLM_ERR_RANGE;
+        if (j->carried && left > 0 && (deadline <= 0 || now < deadline))
+            st = resubmit(s, j, i, to, left, deadline > 0 ? deadline - now : 0, &r);
+        cllm_request_cancel(old);
+        if (st) {
+            o->finished = true;
+            o->reason = left > 0 ? CLLM_FINISH_TIME : CLLM_FINISH_LENGTH;
+            o->t_finish = now;
+            continue;
+        }
+        cllm_request_release(old);
+        j->reqs[i] = r;
+        j->carried[i] = o->n_generated;
+        moved++;
+    }
+    if (moved)
+        cllm_log(CLLM_LOG_INFO, "%d requests go on on the CPU from the text they had", (int)moved);
+}
+
+/* Requests past their max_time and its grace end with the text polled so far (the engine
+ * cancels them when it can). While their engine is stalled, they go on on the CPU if the
+ * server can move there, else they all end so. */
 static void give_up_late(struct cllm_server *s, struct cllm_job *j, int32_t next)
 {
+    struct cllm_engine *current = cllm_server_engine(s);
+    if (current != j->engine) /* another handler moved the server */
+        carry_over(s, j, next, current);
     char why[256];
-    const char *stalled = cllm_engine_stalled(s->engine, why, sizeof why) ? why : NULL;
+    const char *stalled = cllm_engine_stalled(j->engine, why, sizeof why) ? why : NULL;
+    if (stalled) {
+        struct cllm_engine *to = cllm_server_fail_over(s, j->engine, why);
+        if (to) {
+            carry_over(s, j, next, to);
+            stalled = NULL;
+        }
+    }
     const double now = cllm_now();
     int32_t n_stalled = 0;
     for (int32_t i = next; i < j->n; i++)
@@ -273,10 +366,10 @@ enum cllm_job_end cllm_job_wait(struct cllm_server *s, struct cllm_job *j, int f
             return CLLM_JOB_DONE;
         /* Sleep on one unfinished request; then sweep the others so their text does not pile
          * up in the engine's buffers. */
-        cllm_request_poll(j->reqs[next], 50, &j->outs[next]);
+        poll_one(j, next, 50);
         for (int32_t i = next + 1; i < j->n; i++)
             if (!j->outs[i].finished)
-                cllm_request_poll(j->reqs[i], 0, &j->outs[i]);
+                poll_one(j, i, 0);
         if (atomic_load(&s->stopping)) {
             cancel_all(j);
             return CLLM_JOB_STOPPING;
@@ -311,7 +404,7 @@ void cllm_job_finish(struct cllm_job *j, struct cllm_metrics *m)
             struct cllm_request_output *o = &j->outs[i];
             /* Whoever ends the job no longer wants what is left (client gone, stream done). */
             cllm_request_cancel(r);
-            cllm_request_poll(r, 0, o);
+            poll_one(j, i, 0);
             double ttft = o->t_first_token > 0 ? o->t_first_token - o->t_submit : -1;
             double itl = o->n_generated > 1 && o->t_finish > 0
                              ? (o->t_finish - o->t_first_token) / (o->n_generated - 1)
@@ -328,6 +421,7 @@ void cllm_job_finish(struct cllm_job *j, struct cllm_metrics *m)
     free(j->prompts);
     free(j->reqs);
     free(j->outs);
+    free(j->carried);
     int64_t np = j->n_prompt_tokens, nc = j->n_completion_tokens;
     memset(j, 0, sizeof *j);
     j->n_prompt_tokens = np;

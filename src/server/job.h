@@ -32,6 +32,10 @@ struct cllm_job {
     struct cllm_ids *prompts;         /* [n] token ids */
     struct cllm_request **reqs;       /* [n]; NULL until submitted */
     struct cllm_request_output *outs; /* [n] answers as collected so far */
+    struct cllm_engine *engine;       /* the engine reqs run on (set at submit) */
+    const struct cllm_request_params *params; /* as submitted; must outlive the wait */
+    int32_t *carried; /* [n] tokens each request generated on a stalled engine before it went
+                         on on the CPU (NULL: none did); outs count them in */
     int64_t n_prompt_tokens;          /* totals, known after cllm_job_finish */
     int64_t n_completion_tokens;
 };
@@ -71,7 +75,14 @@ enum cllm_status cllm_job_submit(struct cllm_server *s, struct cllm_job *j,
                                  const struct cllm_request_params *p, char *err, size_t err_len);
 
 /* Waits until every request has finished, collecting the text into outs[i].text. Returns early,
- * cancelling the requests, when the peer of fd (-1: none) goes away or the server stops. */
+ * cancelling the requests, when the peer of fd (-1: none) goes away or the server stops. When
+ * the engine stalls (cllm_engine_stalled) and the server can move to the CPU
+ * (cllm_server_fail_over), each unfinished request goes on there: its prompt and the text it
+ * has so far, re-tokenized, become the new prompt, with what is left of its max_tokens and
+ * max_time. Greedy answers come out as they would have (the tokens may be split differently
+ * where the text is cut); a sampled one draws anew from there, and presence and frequency
+ * penalties no longer count the tokens before the move. Otherwise the requests end with the
+ * text they have. */
 enum cllm_job_end cllm_job_wait(struct cllm_server *s, struct cllm_job *j, int fd);
 
 /* Whether a handler stops waiting for r, whose output so far is o: r is 5 s past its max_time

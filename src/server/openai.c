@@ -54,6 +54,7 @@ static cJSON *envelope(struct cllm_server *s, const char *id, const char *object
 struct stream {
     struct cllm_server *s;
     struct cllm_request *req; /* our own reference */
+    struct cllm_engine *engine; /* the engine it runs on */
     struct cllm_request_output out;
     enum api_kind kind;
     char id[64];
@@ -131,11 +132,13 @@ static void put_error(struct stream *st, const char *msg)
 }
 
 /* As a whole answer would (cllm_job_give_up): past max_time and its grace, or while the
- * engine is stalled, the stream ends with the text it has. */
+ * engine is stalled, the stream ends with the text it has. (It does not go on on the CPU as a
+ * whole answer may: its chunks are sent already, and its stop strings were in the request's
+ * JSON, which is gone.) */
 static bool give_up(struct stream *st)
 {
     char why[256];
-    const char *stalled = cllm_engine_stalled(st->s->engine, why, sizeof why) ? why : NULL;
+    const char *stalled = cllm_engine_stalled(st->engine, why, sizeof why) ? why : NULL;
     if (!cllm_job_give_up(st->req, &st->out, stalled, cllm_now()))
         return false;
     if (stalled)
@@ -220,6 +223,7 @@ static enum MHD_Result start_stream(struct cllm_server *s, struct cllm_http_req 
         return cllm_http_reply_error(hr, 500, "out of memory");
     st->s = s;
     st->req = hr->job.reqs[0];
+    st->engine = hr->job.engine;
     cllm_request_retain(st->req);
     st->kind = kind;
     make_id(s, kind, st->id, sizeof st->id);
@@ -456,6 +460,6 @@ enum MHD_Result cllm_route_models(struct cllm_server *s, struct cllm_http_req *h
     cJSON_AddNumberToObject(m, "created", (double)s->t_created);
     cJSON_AddStringToObject(m, "owned_by", "cllm");
     if (cllm_server_ready(s))
-        cJSON_AddNumberToObject(m, "max_model_len", cllm_engine_n_ctx(s->engine));
+        cJSON_AddNumberToObject(m, "max_model_len", cllm_engine_n_ctx(cllm_server_engine(s)));
     return cllm_http_reply_json(hr, 200, o);
 }

@@ -26,6 +26,40 @@
 #include "server/probe.h"
 #include "server/routes.h"
 
+struct cllm_engine *cllm_server_engine(struct cllm_server *s)
+{
+    return atomic_load(&s->engine);
+}
+
+struct cllm_engine *cllm_server_fail_over(struct cllm_server *s, struct cllm_engine *from,
+                                          const char *why)
+{
+    pthread_mutex_lock(&s->failover_lock);
+    struct cllm_engine *cur = cllm_server_engine(s);
+    if (cur == from && !s->abandoned && s->cfg.engine.backend == CLLM_BACKEND_AUTO &&
+        strcmp(cllm_engine_backend_name(from), "cpu") != 0 && !atomic_load(&s->stopping)) {
+        cllm_log(CLLM_LOG_ERROR, "%s: starting an engine on the CPU", why);
+        struct cllm_engine_config c = s->cfg.engine;
+        c.backend = CLLM_BACKEND_CPU;
+        struct cllm_engine *next = NULL;
+        char err[512] = "";
+        const double t0 = cllm_now();
+        if (cllm_engine_new(&next, s->mf, &c, err, sizeof err) == CLLM_OK) {
+            s->abandoned = from;
+            atomic_store(&s->engine, next);
+            cur = next;
+            cllm_log(CLLM_LOG_ERROR,
+                     "serving from the CPU from now on (started in %.1f s): the requests in "
+                     "flight go on there from the text they have",
+                     cllm_now() - t0);
+        } else {
+            cllm_log(CLLM_LOG_ERROR, "cannot start an engine on the CPU: %s", err);
+        }
+    }
+    pthread_mutex_unlock(&s->failover_lock);
+    return cur != from ? cur : NULL;
+}
+
 bool cllm_server_ready(const struct cllm_server *s)
 {
     return atomic_load(&s->state) == CLLM_SERVER_READY && !atomic_load(&s->stopping);
@@ -45,16 +79,16 @@ enum MHD_Result cllm_route_health(struct cllm_server *s, struct cllm_http_req *h
     }
     /* A lost device stays lost; a stalled one may answer again (then this says ok again). */
     char lost[256];
-    if (cllm_engine_lost(s->engine, lost, sizeof lost) ||
-        cllm_engine_stalled(s->engine, lost, sizeof lost)) {
+    struct cllm_engine *e = cllm_server_engine(s);
+    if (cllm_engine_lost(e, lost, sizeof lost) || cllm_engine_stalled(e, lost, sizeof lost)) {
         cJSON_AddStringToObject(o, "status", "error");
         cJSON_AddStringToObject(o, "error", lost);
         return cllm_http_reply_json(hr, 503, o);
     }
     cJSON_AddStringToObject(o, "status", "ok");
     cJSON_AddStringToObject(o, "model", s->model_name);
-    cJSON_AddStringToObject(o, "backend", cllm_engine_backend_name(s->engine));
-    cJSON_AddNumberToObject(o, "context", cllm_engine_n_ctx(s->engine));
+    cJSON_AddStringToObject(o, "backend", cllm_engine_backend_name(e));
+    cJSON_AddNumberToObject(o, "context", cllm_engine_n_ctx(e));
     cJSON_AddStringToObject(o, "chat_template",
                             s->tmpl ? cllm_chat_template_name(s->tmpl) : "none");
     cJSON_AddNumberToObject(o, "load_seconds", s->load_seconds);
@@ -67,7 +101,7 @@ enum MHD_Result cllm_route_metrics(struct cllm_server *s, struct cllm_http_req *
     struct cllm_engine_stats es;
     bool ready = atomic_load(&s->state) == CLLM_SERVER_READY;
     if (ready)
-        cllm_engine_stats(s->engine, &es);
+        cllm_engine_stats(cllm_server_engine(s), &es);
     struct cllm_buf b = {0};
     if (cllm_metrics_render(&s->metrics, ready ? &es : NULL, &b) != CLLM_OK) {
         cllm_buf_free(&b);
@@ -169,8 +203,10 @@ static void *loader_main(void *arg)
     choose_device(s);
     if (atomic_load(&s->stopping))
         return NULL;
-    if (cllm_engine_new(&s->engine, s->mf, &s->cfg.engine, err, sizeof err) != CLLM_OK)
+    struct cllm_engine *e = NULL;
+    if (cllm_engine_new(&e, s->mf, &s->cfg.engine, err, sizeof err) != CLLM_OK)
         return load_fail(s, "", err);
+    atomic_store(&s->engine, e);
     if (warm_up(s, err, sizeof err) != CLLM_OK)
         return load_fail(s, "warm-up failed: ", err);
     s->load_seconds = cllm_now() - t0;
@@ -269,8 +305,10 @@ enum cllm_status cllm_server_run(const struct cllm_server_config *c, char *err, 
     atomic_init(&s->state, CLLM_SERVER_LOADING);
     atomic_init(&s->stopping, false);
     atomic_init(&s->next_id, 1);
+    atomic_init(&s->engine, NULL);
     set_model_name(s);
     cllm_metrics_init(&s->metrics);
+    pthread_mutex_init(&s->failover_lock, NULL);
 
     /* Signals are taken synchronously by this thread; every thread started from here on
      * inherits the mask. Writes to a closed socket must fail with EPIPE, not kill us. */
@@ -315,11 +353,18 @@ stop:
     cllm_http_stop(s); /* handlers see `stopping`, cancel their requests and return */
     if (loader_started)
         pthread_join(s->loader, NULL);
-    cllm_engine_free(s->engine);
+    cllm_engine_free(cllm_server_engine(s));
+    /* A replaced engine whose device answers again stops like any; one still stuck in the
+     * device would never be joined: it is left to the process's exit. */
+    if (s->abandoned && !cllm_engine_stalled(s->abandoned, NULL, 0))
+        cllm_engine_free(s->abandoned);
+    else if (s->abandoned)
+        cllm_log(CLLM_LOG_WARN, "the stalled GPU engine is left behind: its thread is stuck");
     cllm_chat_template_free(s->tmpl);
     cllm_model_files_free(s->mf);
 out:
     cllm_metrics_free(&s->metrics);
+    pthread_mutex_destroy(&s->failover_lock);
     sigaction(SIGPIPE, &old_pipe, NULL);
     pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
     free(s);

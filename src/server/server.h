@@ -62,16 +62,33 @@ struct cllm_server {
     /* set by the loader thread before state becomes READY, read-only afterwards */
     struct cllm_model_files *mf;
     struct cllm_chat_template *tmpl; /* NULL if the model has no chat template */
-    struct cllm_engine *engine;
+    /* Read it with cllm_server_engine: it changes once at most afterwards, when a stalled GPU
+     * engine is replaced by one on the CPU (cllm_server_fail_over). */
+    _Atomic(struct cllm_engine *) engine;
     struct cllm_request_params defaults;
     double load_seconds;
     char load_error[512]; /* for CLLM_SERVER_FAILED */
+
+    pthread_mutex_t failover_lock;
+    struct cllm_engine *abandoned; /* under failover_lock: the stalled engine replaced */
 
     struct cllm_metrics metrics;
     struct MHD_Daemon *daemon;
     int listen_fd;
     pthread_t loader;
 };
+
+/* The engine requests go to now. */
+struct cllm_engine *cllm_server_engine(struct cllm_server *s);
+
+/* Called by a handler that found engine `from` stalled (cllm_engine_stalled): under
+ * --device auto, on a GPU, the first caller starts an engine on the CPU and makes it the
+ * server's, leaving the stuck one to its thread (which owns its requests and cannot be
+ * joined). Returns the engine to go on with (the new one, or the one another handler made),
+ * or NULL when there is none: not --device auto, already on the CPU, or the CPU engine could
+ * not start. */
+struct cllm_engine *cllm_server_fail_over(struct cllm_server *s, struct cllm_engine *from,
+                                          const char *why);
 
 /* Runs the server until SIGINT/SIGTERM (CLLM_OK) or until it cannot go on: the address cannot
  * be bound or the model fails to load (an error, err filled). Blocks SIGINT/SIGTERM in the

@@ -915,14 +915,15 @@ def test_stalled_device():
 
 
 def test_stall_timeout():
-    """--stall-timeout 3 and a device that stops answering: once one step has run 3 s the
-    engine counts as stalled. Then GET / and /health answer 503 with the reason, /metrics says
-    cllm_engine_stalled 1, new requests get 503 at once, and the requests in flight without
-    max_time -- a /predict list and a stream -- end with the text they have. Once the device
-    answers again the server is healthy and serves."""
+    """--stall-timeout 3 and a device that stops answering, where the server cannot move to the
+    CPU (it is on the CPU: the fault wrapper without CLLM_FAULT_NAME): once one step has run
+    3 s the engine counts as stalled. Then GET / and /health answer 503 with the reason,
+    /metrics says cllm_engine_stalled 1, new requests get 503 at once, and the requests in
+    flight without max_time -- a /predict list and a stream -- end with the text they have.
+    Once the device answers again the server is healthy and serves."""
     trigger = os.path.join(tempfile.mkdtemp(prefix="cllm-stall-"), "stall")
-    srv = Server("--gpu-probe-timeout", "0", "--stall-timeout", "3", env={
-        "CLLM_FAULT_FILE": trigger, "CLLM_FAULT_NAME": "fake-gpu", "CLLM_FAULT_STALL": "1"})
+    srv = Server("--stall-timeout", "3", env={
+        "CLLM_FAULT_FILE": trigger, "CLLM_FAULT_STALL": "1"})
     try:
         if not check(srv.wait_ready(), "server with --stall-timeout 3 ready"):
             return
@@ -973,6 +974,45 @@ def test_stall_timeout():
               f"served again after the stall: {st} {j}")
     finally:
         stop_fault_server(srv, trigger, "the server past its stall timeout")
+
+
+def test_stall_fail_over():
+    """--device auto on a "GPU" that stops answering (--stall-timeout 3): once the engine counts
+    as stalled, the server starts an engine on the CPU and the requests in flight go on there
+    from the text they have: a greedy /predict list gets the same answers as before the stall,
+    and the server serves on from the CPU, healthy, while the stuck engine waits."""
+    trigger = os.path.join(tempfile.mkdtemp(prefix="cllm-stall-"), "stall")
+    srv = Server("--gpu-probe-timeout", "0", "--stall-timeout", "3", env={
+        "CLLM_FAULT_FILE": trigger, "CLLM_FAULT_NAME": "fake-gpu", "CLLM_FAULT_STALL": "1"})
+    try:
+        if not check(srv.wait_ready(), "server on a 'GPU' that can stall ready"):
+            return
+        port = srv.port
+        body = {"prompt": ["hi", "1, 2, 3,", "Name three colors."], "max_tokens": 24,
+                "temperature": 0}
+        st, _, want = post(port, "/predict", body, timeout=120)
+        if not check(st == 200 and len(want.get("response", [])) == 3,
+                     f"answers before the stall: {st} {want}"):
+            return
+        open(trigger, "w").close()
+        t = time.monotonic()
+        st, _, got = post(port, "/predict", body, timeout=120)
+        dt = time.monotonic() - t
+        check(st == 200 and got == want,
+              f"the stalled batch goes on on the CPU, same answers ({dt:.1f} s): {st}\n"
+              f"  got  {got}\n  want {want}")
+        st, _, h = request(port, "GET", "/health")
+        check(st == 200 and json.loads(h).get("backend") == "cpu",
+              f"healthy, on the CPU, while the GPU engine is stuck: {st} {h[:200]}")
+        check(metric(port, "cllm_engine_stalled") == 0, "the metrics are the CPU engine's")
+        st, _, j = post(port, "/predict", {"prompt": "hi", "max_tokens": 2}, timeout=60)
+        check(st == 200 and isinstance(j.get("response"), str),
+              f"new requests are served on the CPU: {st} {j}")
+        check("serving from the CPU from now on" in srv.text(), "the log says the server moved")
+        print(f"stall fail-over: the batch answered {dt:.1f} s after the stall began", flush=True)
+        os.unlink(trigger)  # the stuck engine answers again and can be stopped
+    finally:
+        stop_fault_server(srv, trigger, "the server that moved to the CPU after a stall")
 
 
 def test_gpu_probe():
@@ -1078,6 +1118,7 @@ def main():
     test_gpu_probe()
     test_stalled_device()
     test_stall_timeout()
+    test_stall_fail_over()
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 

@@ -45,9 +45,10 @@ static void usage(FILE *f)
             "                          one that crashes, fails or takes longer than S seconds\n"
             "                          (default %d) leaves the server on the CPU; 0: not tried\n"
             "  --stall-timeout S       a step that runs longer than S seconds is a device that\n"
-            "                          no longer answers: /health says 503 and the requests end\n"
-            "                          with the text they have (default 60 on a GPU, never on\n"
-            "                          the CPU; 0: never)\n"
+            "                          no longer answers: --device auto moves to the CPU, the\n"
+            "                          requests going on there; else /health says 503 and they\n"
+            "                          end with the text they have (default 60 on a GPU, never\n"
+            "                          on the CPU; 0: never)\n"
             "request defaults (each request may override them) and engine sizing:\n" CLLM_GEN_USAGE,
             DEFAULT_PROBE_TIMEOUT_S);
 }
