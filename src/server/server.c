@@ -355,13 +355,16 @@ stop:
         pthread_join(s->loader, NULL);
     cllm_engine_free(cllm_server_engine(s));
     /* A replaced engine whose device answers again stops like any; one still stuck in the
-     * device would never be joined: it is left to the process's exit. */
-    if (s->abandoned && !cllm_engine_stalled(s->abandoned, NULL, 0))
-        cllm_engine_free(s->abandoned);
-    else if (s->abandoned)
+     * device would never be joined: it is left to the process's exit, with the model files
+     * it may still read. */
+    const bool left_behind = s->abandoned && cllm_engine_stalled(s->abandoned, NULL, 0);
+    if (left_behind) {
         cllm_log(CLLM_LOG_WARN, "the stalled GPU engine is left behind: its thread is stuck");
+    } else {
+        cllm_engine_free(s->abandoned);
+        cllm_model_files_free(s->mf);
+    }
     cllm_chat_template_free(s->tmpl);
-    cllm_model_files_free(s->mf);
 out:
     cllm_metrics_free(&s->metrics);
     pthread_mutex_destroy(&s->failover_lock);
