@@ -413,8 +413,10 @@ static bool on_gpu(const struct cllm_engine *e)
 }
 
 /* The stall timeout on a GPU unless one is set: its steps take milliseconds (a few more when a
- * batch size is first recorded); a minute in one is a device that no longer answers. */
-#define GPU_STALL_TIMEOUT_S 60.0
+ * batch size is first recorded; ~1 s when a failed step moves the engine to the CPU inside a
+ * turn); 30 s in one is a device that no longer answers. Not less: what the server does then
+ * (moving to the CPU) costs every request its speed. */
+#define GPU_STALL_TIMEOUT_S 30.0
 
 /* How long one turn may run on the current backend before the engine counts as stalled (0:
  * any time). */

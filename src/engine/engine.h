@@ -40,7 +40,7 @@ struct cllm_engine_config {
                                  CLLM_BACKEND_AUTO and is an error when asked for by name */
     double stall_timeout;     /* seconds one turn of the engine (a step, with run-ahead the
                                  wait for one) may take before the engine counts as stalled
-                                 (cllm_engine_stalled); 0 = 60 on a GPU, never on the CPU
+                                 (cllm_engine_stalled); 0 = 30 on a GPU, never on the CPU
                                  (whose steps are the host's own work, seconds each on a big
                                  batch); < 0 = never */
 };

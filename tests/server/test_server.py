@@ -879,7 +879,7 @@ def stream_ended_short(result, what):
 
 def test_stalled_device():
     """The device stops answering without an error (CLLM_FAULT_STALL: each sync waits while
-    the fault file exists), shorter than the stall timeout (60 s on a GPU): a /predict and a
+    the fault file exists), shorter than the stall timeout (30 s on a GPU): a /predict and a
     stream with max_time still get their answers, the text so far, 5 s after their time (the
     handler gives up on the stalled engine), and once the device answers again the server
     serves on."""
