@@ -89,6 +89,7 @@ struct cllm_engine {
     char lost[192]; /* under lock: why the device can run nothing more ("" while it can) */
     const char *backend_name;       /* under lock: the backend's name (a static string) */
     double stall_s;                 /* under lock: a turn longer than this is a stall; 0: none */
+    char fallback[256]; /* under lock: why it runs on the CPU though a GPU was to be used ("") */
     double turn_started;            /* under lock: cllm_now() when the current turn began; 0
                                        while the engine waits for work */
     uint64_t next_id;               /* under lock */
@@ -553,6 +554,9 @@ static bool move_to_cpu(struct cllm_engine *e, enum cllm_status rc)
              "engine: a step failed on the %s device (%s): its %d requests go on on the CPU "
              "(recomputed from their tokens so far), and so does everything from now on",
              old_be->iface->name, cllm_status_str(rc), (int)n);
+    char fallback[sizeof e->fallback];
+    snprintf(fallback, sizeof fallback, "a step failed on the %s device (%s)", old_be->iface->name,
+             cllm_status_str(rc));
     cllm_backend_free(old_be);
     e->kv = kv;
     *s = ns;
@@ -567,6 +571,7 @@ static bool move_to_cpu(struct cllm_engine *e, enum cllm_status rc)
     e->backend_name = e->be->iface->name;
     e->stall_s = stall_limit(e);
     e->stats.kv_blocks_total = (int32_t)n_blocks;
+    memcpy(e->fallback, fallback, sizeof fallback);
     pthread_mutex_unlock(&e->lock);
     return true;
 }
@@ -947,6 +952,7 @@ static enum cllm_status load_model(struct cllm_engine *e, char *err, size_t err_
     if (cfg->backend != CLLM_BACKEND_AUTO)
         return cllm_fail(err, err_len, st, "%s (--no-device-check serves from it anyway)", why);
     cllm_log(CLLM_LOG_ERROR, "%s: running on the CPU instead", why);
+    snprintf(e->fallback, sizeof e->fallback, "%s", why); /* (before the thread starts) */
     cllm_model_free(e->model);
     cllm_backend_free(e->be);
     e->model = NULL;
@@ -1148,6 +1154,16 @@ bool cllm_engine_stalled(struct cllm_engine *e, char *why, size_t why_len)
         describe_stall(e, busy, why, why_len);
     pthread_mutex_unlock(&e->lock);
     return busy > 0;
+}
+
+bool cllm_engine_fallback(struct cllm_engine *e, char *why, size_t why_len)
+{
+    pthread_mutex_lock(&e->lock);
+    const bool fell_back = e->fallback[0] != 0;
+    if (fell_back && why_len)
+        snprintf(why, why_len, "%s", e->fallback);
+    pthread_mutex_unlock(&e->lock);
+    return fell_back;
 }
 
 bool cllm_engine_lost(struct cllm_engine *e, char *why, size_t why_len)

@@ -93,6 +93,9 @@ bool cllm_engine_lost(struct cllm_engine *e, char *why, size_t why_len);
  * the CPU (cllm_server_fail_over) or reports itself unhealthy, its handlers no longer waiting
  * (server/job.h); why gets the reason. */
 bool cllm_engine_stalled(struct cllm_engine *e, char *why, size_t why_len);
+/* True when the engine runs on the CPU though it was to use a GPU (--device auto): the GPU
+ * failed its device check at start, or a step on it failed; why gets which. */
+bool cllm_engine_fallback(struct cllm_engine *e, char *why, size_t why_len);
 int32_t cllm_engine_n_ctx(const struct cllm_engine *e);
 /* The most sequences one step takes (the config's max_seqs after its defaults and limits). */
 int32_t cllm_engine_max_seqs(const struct cllm_engine *e);

@@ -46,6 +46,7 @@ struct cllm_engine *cllm_server_fail_over(struct cllm_server *s, struct cllm_eng
         const double t0 = cllm_now();
         if (cllm_engine_new(&next, s->mf, &c, err, sizeof err) == CLLM_OK) {
             s->abandoned = from;
+            snprintf(s->fallback, sizeof s->fallback, "%s", why);
             atomic_store(&s->engine, next);
             cur = next;
             cllm_log(CLLM_LOG_ERROR,
@@ -88,6 +89,12 @@ enum MHD_Result cllm_route_health(struct cllm_server *s, struct cllm_http_req *h
     cJSON_AddStringToObject(o, "status", "ok");
     cJSON_AddStringToObject(o, "model", s->model_name);
     cJSON_AddStringToObject(o, "backend", cllm_engine_backend_name(e));
+    /* why it is not on the GPU, when it should be: for whoever sees only HTTP */
+    pthread_mutex_lock(&s->failover_lock);
+    snprintf(lost, sizeof lost, "%s", s->fallback);
+    pthread_mutex_unlock(&s->failover_lock);
+    if (lost[0] || cllm_engine_fallback(e, lost, sizeof lost))
+        cJSON_AddStringToObject(o, "fallback", lost);
     cJSON_AddNumberToObject(o, "context", cllm_engine_n_ctx(e));
     cJSON_AddStringToObject(o, "chat_template",
                             s->tmpl ? cllm_chat_template_name(s->tmpl) : "none");
@@ -173,6 +180,9 @@ static void choose_device(struct cllm_server *s)
     }
     cllm_log(CLLM_LOG_ERROR, "probe: %s: running on the CPU", why);
     c->backend = CLLM_BACKEND_CPU;
+    pthread_mutex_lock(&s->failover_lock);
+    snprintf(s->fallback, sizeof s->fallback, "%s", why);
+    pthread_mutex_unlock(&s->failover_lock);
 }
 
 static void *loader_main(void *arg)

@@ -71,6 +71,8 @@ struct cllm_server {
 
     pthread_mutex_t failover_lock;
     struct cllm_engine *abandoned; /* under failover_lock: the stalled engine replaced */
+    char fallback[256]; /* under failover_lock: why the server runs on the CPU though a GPU was
+                           to be used, when the server chose so (the GPU probe, a stall) */
 
     struct cllm_metrics metrics;
     struct MHD_Daemon *daemon;

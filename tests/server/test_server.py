@@ -842,8 +842,10 @@ def test_lost_gpu_moves_to_cpu():
         check(st == 200 and isinstance(j, dict) and len(j.get("response", [])) == 2,
               f"the batch in flight when the device is lost is answered: {st} {j}")
         st, _, body = request(port, "GET", "/health")
-        check(st == 200 and json.loads(body).get("backend") == "cpu",
-              f"health: ok, on the CPU now: {st} {body[:200]}")
+        h = json.loads(body)
+        check(st == 200 and h.get("backend") == "cpu"
+              and "a step failed on the fake-gpu device" in h.get("fallback", ""),
+              f"health: ok, on the CPU now, saying why: {st} {body[:300]}")
         st, _, j = post(port, "/predict", {"prompt": "hi", "max_tokens": 2})
         check(st == 200 and "response" in j, f"later requests are served: {st} {j}")
     finally:
@@ -1002,8 +1004,9 @@ def test_stall_fail_over():
               f"the stalled batch goes on on the CPU, same answers ({dt:.1f} s): {st}\n"
               f"  got  {got}\n  want {want}")
         st, _, h = request(port, "GET", "/health")
-        check(st == 200 and json.loads(h).get("backend") == "cpu",
-              f"healthy, on the CPU, while the GPU engine is stuck: {st} {h[:200]}")
+        h = json.loads(h)
+        check(st == 200 and h.get("backend") == "cpu" and "does not answer" in h.get("fallback", ""),
+              f"healthy, on the CPU, saying why, while the GPU engine is stuck: {st} {h}")
         check(metric(port, "cllm_engine_stalled") == 0, "the metrics are the CPU engine's")
         st, _, j = post(port, "/predict", {"prompt": "hi", "max_tokens": 2}, timeout=60)
         check(st == 200 and isinstance(j.get("response"), str),
@@ -1028,19 +1031,23 @@ def test_gpu_probe():
     d = tempfile.mkdtemp(prefix="cllm-probe-")
     # the fault file: never made but by the "wide" child, which makes it fail one sync
     never = os.path.join(d, "never")
-    for fault, backend, says, timeout in (
-            ("", "fake-gpu", "passed in a child process", 60),
-            ("crash", "cpu", "died of signal", 60),
-            ("hang", "cpu", "did not finish in 4 s", 4),
-            ("wide", "cpu", "a step of 4 sequences failed on the GPU", 60)):
+    # (the log's line, and /health's "fallback": why the server is not on the GPU)
+    for fault, backend, says, fallback, timeout in (
+            ("", "fake-gpu", "passed in a child process", None, 60),
+            ("crash", "cpu", "died of signal", "died of signal", 60),
+            ("hang", "cpu", "did not finish in 4 s", "did not finish in 4 s", 4),
+            ("wide", "cpu", "a step of 4 sequences failed on the GPU", "failed (exit 1", 60)):
         srv = Server("--gpu-probe-timeout", str(timeout), "--max-seqs", "4", env={
             "CLLM_FAULT_FILE": never, "CLLM_FAULT_NAME": "fake-gpu", "CLLM_FAULT_PROBE": fault})
         try:
             if not check(srv.wait_ready(timeout=120), f"probe {fault or 'passing'}: ready"):
                 continue
             st, _, body = request(srv.port, "GET", "/health")
-            check(st == 200 and json.loads(body).get("backend") == backend,
-                  f"probe {fault or 'passing'}: serves on {backend}: {st} {body[:200]}")
+            h = json.loads(body)
+            check(st == 200 and h.get("backend") == backend
+                  and (fallback in h.get("fallback", "") if fallback else "fallback" not in h),
+                  f"probe {fault or 'passing'}: serves on {backend} (and says why): "
+                  f"{st} {body[:300]}")
             st, _, j = post(srv.port, "/predict", {"prompt": "hi", "max_tokens": 2})
             check(st == 200 and isinstance(j.get("response"), str),
                   f"probe {fault or 'passing'}: answers: {st} {j}")
