@@ -198,7 +198,7 @@ enum cllm_status cllm_job_set_chat(struct cllm_server *s, struct cllm_job *j, in
 enum cllm_status cllm_job_submit(struct cllm_server *s, struct cllm_job *j,
                                  const struct cllm_request_params *p, char *err, size_t err_len)
 {
-    struct cllm_engine *e = cllm_server_engine(s);
+    struct cllm_engine *e = cllm_server_engine_live(s);
     j->engine = e;
     j->params = p;
     if (cllm_engine_queue_full(e))

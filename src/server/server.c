@@ -61,6 +61,18 @@ struct cllm_engine *cllm_server_fail_over(struct cllm_server *s, struct cllm_eng
     return cur != from ? cur : NULL;
 }
 
+struct cllm_engine *cllm_server_engine_live(struct cllm_server *s)
+{
+    struct cllm_engine *e = cllm_server_engine(s);
+    char why[256];
+    if (cllm_engine_stalled(e, why, sizeof why)) {
+        struct cllm_engine *to = cllm_server_fail_over(s, e, why);
+        if (to)
+            return to;
+    }
+    return e;
+}
+
 bool cllm_server_ready(const struct cllm_server *s)
 {
     return atomic_load(&s->state) == CLLM_SERVER_READY && !atomic_load(&s->stopping);
@@ -79,11 +91,11 @@ enum MHD_Result cllm_route_health(struct cllm_server *s, struct cllm_http_req *h
         return cllm_http_reply_json(hr, 503, o);
     }
     /* A lost device stays lost; a stalled one may answer again (then this says ok again). */
-    char lost[256];
-    struct cllm_engine *e = cllm_server_engine(s);
-    if (cllm_engine_lost(e, lost, sizeof lost) || cllm_engine_stalled(e, lost, sizeof lost)) {
+    char why[256];
+    struct cllm_engine *e = cllm_server_engine_live(s);
+    if (cllm_engine_lost(e, why, sizeof why) || cllm_engine_stalled(e, why, sizeof why)) {
         cJSON_AddStringToObject(o, "status", "error");
-        cJSON_AddStringToObject(o, "error", lost);
+        cJSON_AddStringToObject(o, "error", why);
         return cllm_http_reply_json(hr, 503, o);
     }
     cJSON_AddStringToObject(o, "status", "ok");
@@ -91,10 +103,10 @@ enum MHD_Result cllm_route_health(struct cllm_server *s, struct cllm_http_req *h
     cJSON_AddStringToObject(o, "backend", cllm_engine_backend_name(e));
     /* why it is not on the GPU, when it should be: for whoever sees only HTTP */
     pthread_mutex_lock(&s->failover_lock);
-    snprintf(lost, sizeof lost, "%s", s->fallback);
+    snprintf(why, sizeof why, "%s", s->fallback);
     pthread_mutex_unlock(&s->failover_lock);
-    if (lost[0] || cllm_engine_fallback(e, lost, sizeof lost))
-        cJSON_AddStringToObject(o, "fallback", lost);
+    if (why[0] || cllm_engine_fallback(e, why, sizeof why))
+        cJSON_AddStringToObject(o, "fallback", why);
     cJSON_AddNumberToObject(o, "context", cllm_engine_n_ctx(e));
     cJSON_AddStringToObject(o, "chat_template",
                             s->tmpl ? cllm_chat_template_name(s->tmpl) : "none");

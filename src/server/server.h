@@ -92,6 +92,11 @@ struct cllm_engine *cllm_server_engine(struct cllm_server *s);
 struct cllm_engine *cllm_server_fail_over(struct cllm_server *s, struct cllm_engine *from,
                                           const char *why);
 
+/* The engine, after moving to the CPU first if it is stalled and the server can
+ * (cllm_server_fail_over): for new requests and the health check, so that a stall with no
+ * request left waiting (their clients gone) does not keep the server unhealthy. */
+struct cllm_engine *cllm_server_engine_live(struct cllm_server *s);
+
 /* Runs the server until SIGINT/SIGTERM (CLLM_OK) or until it cannot go on: the address cannot
  * be bound or the model fails to load (an error, err filled). Blocks SIGINT/SIGTERM in the
  * calling thread (and so in every thread it starts) and ignores SIGPIPE while it runs. */

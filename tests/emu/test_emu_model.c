@@ -345,17 +345,21 @@ static void test_device_check(void)
 {
     char err[1024];
     struct cllm_engine *e = checked_engine(CLLM_BACKEND_AUTO, false, CLLM_OK, err, sizeof err);
+    char why[256] = "";
     if (e)
-        CHECKF(!strcmp(cllm_engine_backend_name(e), "cuda"), "a right device: served from %s",
-               cllm_engine_backend_name(e));
+        CHECKF(!strcmp(cllm_engine_backend_name(e), "cuda") &&
+                   !cllm_engine_fallback(e, why, sizeof why),
+               "a right device: served from %s (fallback '%s')", cllm_engine_backend_name(e), why);
     cllm_engine_free(e);
 
     setenv("CLLM_CUBLAS", "1", 1);
     setenv("EMU_BLAS_SHORT_K", "1", 1);
     e = checked_engine(CLLM_BACKEND_AUTO, false, CLLM_OK, err, sizeof err);
     if (e)
-        CHECKF(!strcmp(cllm_engine_backend_name(e), "cpu"), "a wrong device: served from %s",
-               cllm_engine_backend_name(e));
+        CHECKF(!strcmp(cllm_engine_backend_name(e), "cpu") &&
+                   cllm_engine_fallback(e, why, sizeof why) && strstr(why, "device check"),
+               "a wrong device: served from %s, saying why: '%s'", cllm_engine_backend_name(e),
+               why);
     cllm_engine_free(e);
     e = checked_engine(CLLM_BACKEND_CUDA, false, CLLM_ERR_DEVICE, err, sizeof err);
     CHECKF(strstr(err, "device check") && strstr(err, "--no-device-check"),

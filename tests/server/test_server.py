@@ -1022,6 +1022,32 @@ def test_stall_fail_over():
         stop_fault_server(srv, trigger, "the server that moved to the CPU after a stall")
 
 
+def test_stall_fail_over_idle():
+    """A stall whose only request was given up by its client: the next health check (or
+    request) moves the server to the CPU, so it does not stay unhealthy with nobody waiting."""
+    trigger = os.path.join(tempfile.mkdtemp(prefix="cllm-stall-"), "stall")
+    srv = Server("--gpu-probe-timeout", "0", "--stall-timeout", "2", env={
+        "CLLM_FAULT_FILE": trigger, "CLLM_FAULT_NAME": "fake-gpu", "CLLM_FAULT_STALL": "1"})
+    try:
+        if not check(srv.wait_ready(), "server on a 'GPU' that can stall ready (idle case)"):
+            return
+        open(trigger, "w").close()
+        try:  # a client that gives up after 1 s
+            post(srv.port, "/predict", {"prompt": "hi", "max_tokens": 8}, timeout=1)
+        except OSError:
+            pass
+        time.sleep(3)
+        st, _, body = request(srv.port, "GET", "/health")
+        h = json.loads(body)
+        check(st == 200 and h.get("backend") == "cpu" and "does not answer" in h.get("fallback", ""),
+              f"the health check after a stall with nobody waiting moves to the CPU: {st} {h}")
+        st, _, j = post(srv.port, "/predict", {"prompt": "hi", "max_tokens": 2}, timeout=60)
+        check(st == 200 and isinstance(j.get("response"), str), f"then serves: {st} {j}")
+        os.unlink(trigger)
+    finally:
+        stop_fault_server(srv, trigger, "the server that moved to the CPU when idle")
+
+
 def test_gpu_probe():
     """--device auto first tries the GPU in a child process (src/server/probe.h). Here the GPU
     is the CPU backend passing for one (CLLM_FAULT_NAME), and the child crashes or hangs once
@@ -1130,6 +1156,7 @@ def main():
     test_stalled_device()
     test_stall_timeout()
     test_stall_fail_over()
+    test_stall_fail_over_idle()
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 
