@@ -274,6 +274,19 @@ static void test_eos_run_ahead(const struct cllm_buf *alone)
     }
 }
 
+/* A fresh directory dir (a mkdtemp template) and the path of a fault file `name` in it, set as
+ * CLLM_FAULT_FILE (src/backend/fault.h); false if no directory could be made. */
+static bool fault_file(char *dir, const char *name, char *trigger, size_t cap)
+{
+    if (!mkdtemp(dir)) {
+        CHECKF(0, "mkdtemp failed");
+        return false;
+    }
+    snprintf(trigger, cap, "%s/%s", dir, name);
+    setenv("CLLM_FAULT_FILE", trigger, 1);
+    return true;
+}
+
 /* A device that fails in the middle of a batch (CLLM_FAULT_FILE; the CPU backend passing for
  * a GPU by CLLM_FAULT_NAME) under --device auto: the engine moves to the CPU, and every
  * request still gets its whole answer, the same as alone -- lost for good without and with
@@ -282,12 +295,8 @@ static void test_eos_run_ahead(const struct cllm_buf *alone)
 static void test_device_lost(const struct cllm_buf *alone)
 {
     char dir[] = "/tmp/cllm-lost-XXXXXX", trigger[64];
-    if (!mkdtemp(dir)) {
-        CHECKF(0, "mkdtemp failed");
+    if (!fault_file(dir, "lost", trigger, sizeof trigger))
         return;
-    }
-    snprintf(trigger, sizeof trigger, "%s/lost", dir);
-    setenv("CLLM_FAULT_FILE", trigger, 1);
     setenv("CLLM_FAULT_NAME", "fake-gpu", 1);
     for (int mode = 0; mode < 3; mode++) {
         const int ra = mode > 0;
@@ -355,12 +364,8 @@ static double wait_stalled(struct cllm_engine *e, bool want, char *why, size_t w
 static void test_device_stall(const struct cllm_buf *alone)
 {
     char dir[] = "/tmp/cllm-stall-XXXXXX", trigger[64];
-    if (!mkdtemp(dir)) {
-        CHECKF(0, "mkdtemp failed");
+    if (!fault_file(dir, "stall", trigger, sizeof trigger))
         return;
-    }
-    snprintf(trigger, sizeof trigger, "%s/stall", dir);
-    setenv("CLLM_FAULT_FILE", trigger, 1);
     setenv("CLLM_FAULT_STALL", "1", 1);
     for (int gpu = 1; gpu >= 0; gpu--) {
         if (gpu)

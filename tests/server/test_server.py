@@ -879,34 +879,50 @@ def stream_ended_short(result, what):
     return dt
 
 
+def stalling_server(*extra, gpu=True):
+    """A server whose device stalls while its fault file exists (CLLM_FAULT_STALL): the CPU
+    backend passing for a GPU (or not, gpu=False) -> (server, path of the fault file)."""
+    trigger = os.path.join(tempfile.mkdtemp(prefix="cllm-stall-"), "stall")
+    env = {"CLLM_FAULT_FILE": trigger, "CLLM_FAULT_STALL": "1"}
+    if gpu:
+        env["CLLM_FAULT_NAME"] = "fake-gpu"
+    return Server(*extra, env=env), trigger
+
+
+def cut_short(port, extra, lo, hi, what, meanwhile=None):
+    """A /predict list and a stream (with the fields of extra) sent together to a stalled
+    server both end with the text they have, between lo and hi seconds after they were sent.
+    meanwhile() runs while they wait."""
+    res = {}
+    threads = [
+        in_thread(res, "predict", post, port, "/predict",
+                  {"prompt": ["hi", "1, 2, 3,"], "max_tokens": 50, **extra}, timeout=60),
+        in_thread(res, "stream", request, port, "POST", "/v1/completions",
+                  {"prompt": "1, 2, 3,", "max_tokens": 50, "stream": True, **extra}, timeout=60)]
+    if meanwhile:
+        meanwhile()
+    for th in threads:
+        th.join(70)
+    (st, _, j), dt = res["predict"]
+    resp = j.get("response") if isinstance(j, dict) else None
+    check(st == 200 and isinstance(resp, list) and len(resp) == 2 and lo < dt < hi,
+          f"{what}: /predict answered after {dt:.1f} s: {st} {str(j)[:200]}")
+    dt = stream_ended_short(res["stream"], what)
+    check(lo < dt < hi, f"{what}: the stream ended after {dt:.1f} s")
+
+
 def test_stalled_device():
     """The device stops answering without an error (CLLM_FAULT_STALL: each sync waits while
     the fault file exists), shorter than the stall timeout (30 s on a GPU): a /predict and a
     stream with max_time still get their answers, the text so far, 5 s after their time (the
     handler gives up on the stalled engine), and once the device answers again the server
     serves on."""
-    trigger = os.path.join(tempfile.mkdtemp(prefix="cllm-stall-"), "stall")
-    srv = Server("--gpu-probe-timeout", "0", env={
-        "CLLM_FAULT_FILE": trigger, "CLLM_FAULT_NAME": "fake-gpu", "CLLM_FAULT_STALL": "1"})
+    srv, trigger = stalling_server("--gpu-probe-timeout", "0")
     try:
         if not check(srv.wait_ready(), "server with a device that can stall ready"):
             return
         open(trigger, "w").close()
-        res = {}
-        threads = [
-            in_thread(res, "predict", post, srv.port, "/predict",
-                      {"prompt": ["hi", "1, 2, 3,"], "max_tokens": 50, "max_time": 1}, timeout=60),
-            in_thread(res, "stream", request, srv.port, "POST", "/v1/completions",
-                      {"prompt": "1, 2, 3,", "max_tokens": 50, "max_time": 1, "stream": True},
-                      timeout=60)]
-        for th in threads:
-            th.join(70)
-        (st, _, j), dt = res["predict"]
-        resp = j.get("response") if isinstance(j, dict) else None
-        check(st == 200 and isinstance(resp, list) and len(resp) == 2 and 5.5 < dt < 12,
-              f"a stalled device: answered {dt:.1f} s after max_time 1 s: {st} {str(j)[:200]}")
-        dt = stream_ended_short(res["stream"], "a stalled device, max_time 1 s")
-        check(5.5 < dt < 12, f"the stream ended {dt:.1f} s after its max_time of 1 s")
+        cut_short(srv.port, {"max_time": 1}, 5.5, 12, "a stalled device, max_time 1 s")
         check("a stalled device?" in srv.text(), "the log says why the answer came late")
         os.unlink(trigger)
         st, _, j = post(srv.port, "/predict", {"prompt": "hi", "max_tokens": 2}, timeout=60)
@@ -923,31 +939,18 @@ def test_stall_timeout():
     /metrics says cllm_engine_stalled 1, new requests get 503 at once, and the requests in
     flight without max_time -- a /predict list and a stream -- end with the text they have.
     Once the device answers again the server is healthy and serves."""
-    trigger = os.path.join(tempfile.mkdtemp(prefix="cllm-stall-"), "stall")
-    srv = Server("--stall-timeout", "3", env={
-        "CLLM_FAULT_FILE": trigger, "CLLM_FAULT_STALL": "1"})
+    srv, trigger = stalling_server("--stall-timeout", "3", gpu=False)
     try:
         if not check(srv.wait_ready(), "server with --stall-timeout 3 ready"):
             return
         port = srv.port
         open(trigger, "w").close()
-        res = {}
-        threads = [
-            in_thread(res, "predict", post, port, "/predict",
-                      {"prompt": ["hi", "1, 2, 3,"], "max_tokens": 50}, timeout=60),
-            in_thread(res, "stream", request, port, "POST", "/v1/completions",
-                      {"prompt": "1, 2, 3,", "max_tokens": 50, "stream": True}, timeout=60)]
-        time.sleep(1)
-        st, _, body = request(port, "GET", "/health")
-        check(st == 200, f"healthy 1 s into the stall (timeout 3 s): {st} {body[:200]}")
-        for th in threads:
-            th.join(70)
-        (st, _, j), dt = res["predict"]
-        resp = j.get("response") if isinstance(j, dict) else None
-        check(st == 200 and isinstance(resp, list) and len(resp) == 2 and 2.5 < dt < 15,
-              f"stalled 3 s: /predict answered after {dt:.1f} s: {st} {str(j)[:200]}")
-        dt = stream_ended_short(res["stream"], "stalled 3 s")
-        check(2.5 < dt < 15, f"stalled 3 s: the stream ended after {dt:.1f} s")
+
+        def healthy_before_the_timeout():
+            time.sleep(1)
+            st, _, body = request(port, "GET", "/health")
+            check(st == 200, f"healthy 1 s into the stall (timeout 3 s): {st} {body[:200]}")
+        cut_short(port, {}, 2.5, 15, "stalled 3 s", healthy_before_the_timeout)
         for path in ("/", "/health"):
             st, _, body = request(port, "GET", path)
             h = json.loads(body)
@@ -983,9 +986,7 @@ def test_stall_fail_over():
     as stalled, the server starts an engine on the CPU and the requests in flight go on there
     from the text they have: a greedy /predict list gets the same answers as before the stall,
     and the server serves on from the CPU, healthy, while the stuck engine waits."""
-    trigger = os.path.join(tempfile.mkdtemp(prefix="cllm-stall-"), "stall")
-    srv = Server("--gpu-probe-timeout", "0", "--stall-timeout", "3", env={
-        "CLLM_FAULT_FILE": trigger, "CLLM_FAULT_NAME": "fake-gpu", "CLLM_FAULT_STALL": "1"})
+    srv, trigger = stalling_server("--gpu-probe-timeout", "0", "--stall-timeout", "3")
     try:
         if not check(srv.wait_ready(), "server on a 'GPU' that can stall ready"):
             return
@@ -1025,9 +1026,7 @@ def test_stall_fail_over():
 def test_stall_fail_over_idle():
     """A stall whose only request was given up by its client: the next health check (or
     request) moves the server to the CPU, so it does not stay unhealthy with nobody waiting."""
-    trigger = os.path.join(tempfile.mkdtemp(prefix="cllm-stall-"), "stall")
-    srv = Server("--gpu-probe-timeout", "0", "--stall-timeout", "2", env={
-        "CLLM_FAULT_FILE": trigger, "CLLM_FAULT_NAME": "fake-gpu", "CLLM_FAULT_STALL": "1"})
+    srv, trigger = stalling_server("--gpu-probe-timeout", "0", "--stall-timeout", "2")
     try:
         if not check(srv.wait_ready(), "server on a 'GPU' that can stall ready (idle case)"):
             return
