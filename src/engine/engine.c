@@ -569,7 +569,7 @@ static bool move_to_cpu(struct cllm_engine *e, enum cllm_status rc)
     set_step_modes(e);
     pthread_mutex_lock(&e->lock);
     e->backend_name = e->be->iface->name;
-    e->stall_s = stall_limit(e);
+    e->stall_s = 0; /* the CPU that took over is not timed: there is nowhere else to go */
     e->stats.kv_blocks_total = (int32_t)n_blocks;
     memcpy(e->fallback, fallback, sizeof fallback);
     pthread_mutex_unlock(&e->lock);

@@ -42,7 +42,8 @@ struct cllm_engine_config {
                                  wait for one) may take before the engine counts as stalled
                                  (cllm_engine_stalled); 0 = 30 on a GPU, never on the CPU
                                  (whose steps are the host's own work, seconds each on a big
-                                 batch); < 0 = never */
+                                 batch); < 0 = never. Never once the engine moved from a GPU
+                                 to the CPU (there is nowhere else to go). */
 };
 
 void cllm_engine_config_default(struct cllm_engine_config *c);

@@ -41,6 +41,7 @@ struct cllm_engine *cllm_server_fail_over(struct cllm_server *s, struct cllm_eng
         cllm_log(CLLM_LOG_ERROR, "%s: starting an engine on the CPU", why);
         struct cllm_engine_config c = s->cfg.engine;
         c.backend = CLLM_BACKEND_CPU;
+        c.stall_timeout = -1; /* nowhere else to go: a slow CPU step is no stall */
         struct cllm_engine *next = NULL;
         char err[512] = "";
         const double t0 = cllm_now();

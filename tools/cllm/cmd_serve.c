@@ -48,7 +48,8 @@ static void usage(FILE *f)
             "                          no longer answers: --device auto moves to the CPU, the\n"
             "                          requests going on there; else /health says 503 and they\n"
             "                          end with the text they have (default 30 on a GPU, never\n"
-            "                          on the CPU; 0: never)\n"
+            "                          on the CPU, not even when set if it took over from a GPU;\n"
+            "                          0: never)\n"
             "request defaults (each request may override them) and engine sizing:\n" CLLM_GEN_USAGE,
             DEFAULT_PROBE_TIMEOUT_S);
 }
