@@ -140,6 +140,13 @@ bool cllm_draw_allowed(const float *want, int32_t n_vocab, const struct cllm_sam
         return above == 0;
     if (k->top_k > 0 && above >= k->top_k)
         return false;
+    float mx = -INFINITY;
+    for (int32_t v = 0; v < n_vocab; v++)
+        mx = fmaxf(mx, x[v]);
+    /* Min-p keeps t when its probability is at least min_p of the top token's, after the
+     * temperature; what top-k and top-p keep does not change that ratio. */
+    if (k->min_p > 0.0f && (double)(xt + slack - mx) / k->temperature < log((double)k->min_p))
+        return false;
     if (k->top_p >= 1.0f)
         return true;
     /* Top-p keeps t when the tokens before it hold less than top_p of the mass (after the
@@ -148,9 +155,6 @@ bool cllm_draw_allowed(const float *want, int32_t n_vocab, const struct cllm_sam
     const float floor = k->top_k > 0 && k->top_k < n_vocab
                             ? cllm_kth_largest(x + n_vocab, k->top_k, x, n_vocab) - slack
                             : -INFINITY;
-    float mx = -INFINITY;
-    for (int32_t v = 0; v < n_vocab; v++)
-        mx = fmaxf(mx, x[v]);
     double z = 0.0, mass_above = 0.0;
     for (int32_t v = 0; v < n_vocab; v++) {
         if (!(x[v] >= floor))
@@ -193,6 +197,10 @@ static const struct draw_kind draw_kinds[] = {
     /* the check's prompts are not text: their rows are flat, so a small top-p, for a sampler
      * that ignored it to draw outside what it keeps (78% of the mass on the 0.5B) */
     {"top-p 0.2 at temperature 1", {.temperature = 1.0f, .top_p = 0.2f, .seed = 11}, 3},
+    /* and a large min-p, for the same reason */
+    {"min-p 0.3 at temperature 1",
+     {.temperature = 1.0f, .top_p = 1.0f, .min_p = 0.3f, .seed = 13},
+     2},
     {"Qwen2.5's defaults (temperature 0.7, top-k 20, top-p 0.8, repetition penalty 1.1)",
      {.temperature = 0.7f, .top_k = 20, .top_p = 0.8f, .repetition_penalty = 1.1f, .seed = 5},
      4},

@@ -9,8 +9,9 @@
  * costs a forward pass, not a second copy) and compares every output row: two sequences'
  * prompts in one step of 64 tokens (the GEMMs' tiled path, prefill attention over up to three
  * KV blocks each), then two decode steps of both (the skinny GEMMs, the fused epilogues,
- * decode attention), then draws from the last step's logits with the device's sampler (ten
- * draws: greedy, top-k, penalized greedy, top-p alone, Qwen2.5's sampling defaults), then
+ * decode attention), then draws from the last step's logits with the device's sampler (twelve
+ * draws: greedy, top-k, penalized greedy, top-p alone, min-p alone, Qwen2.5's sampling
+ * defaults), then
  * runs the attention op alone at contexts of up to 4,200 keys (cllm_attention_compare).
  *
  * The bound: a row agrees when no logit differs from the CPU's by more than
@@ -52,7 +53,7 @@ float cllm_logit_row_error(const float *a, const float *b, int32_t n);
 
 /* Runs the check sequences through a and b (each with a small KV cache of its own, allocated
  * and freed here) and compares their output rows; then draws tokens from a's last step with
- * a's own sampler (the device's, where it has one), ten draws of five kinds (check_draws). When
+ * a's own sampler (the device's, where it has one), twelve draws of six kinds (check_draws). When
  * both models take steps of 64 tokens and max_seqs (their max outputs) is at least 2, two
  * sequences share every step (rows: 2 for the prefill, 2 per decode step); else one sequence
  * runs alone, its prefill cut into steps the models take (rows: 1 per step). An error of a's
@@ -66,8 +67,9 @@ enum cllm_status cllm_models_compare(struct cllm_model *a, struct cllm_model *b,
  * penalties (which apply over seen[n_seen], generated tokens or not, as cllm_penalize has
  * them), with slack for logits computed once more (logits within slack of each other may
  * change places): greedy is the penalized row's argmax; top-k among its k best; top-p among
- * the tokens before which less than top_p of the mass (after temperature and top-k) lies.
- * min_p is not judged. scratch holds 2 * n_vocab floats. */
+ * the tokens before which less than top_p of the mass (after temperature and top-k) lies;
+ * min-p among those with at least min_p of the top token's probability (after temperature).
+ * scratch holds 2 * n_vocab floats. */
 bool cllm_draw_allowed(const float *want, int32_t n_vocab, const struct cllm_sample_row *k,
                        const struct cllm_token_count *seen, int32_t n_seen, int32_t t, float slack,
                        float *scratch);

@@ -118,8 +118,8 @@ static int32_t allowed_count(const float *row, int32_t n_vocab, const struct cll
  * first sequence through the model, under the kinds check_draws uses (their values repeated
  * here). A sampler that skipped the penalties would draw a token the penalized greedy kind
  * refuses; one that skipped top-p would draw, at each top-p 0.2 draw, outside what top-p keeps
- * with the probability of the mass outside (at least half); Qwen2.5's defaults keep fewer
- * tokens than their top-k alone. */
+ * with the probability of the mass outside (at least half), and so for min-p 0.3; Qwen2.5's
+ * defaults keep fewer tokens than their top-k alone. */
 static void test_draw_power(struct loaded *l)
 {
     enum { N = 40 };
@@ -171,18 +171,26 @@ static void test_draw_power(struct loaded *l)
     int32_t *order = malloc((size_t)n_vocab * sizeof *order);
     const int32_t qwen_kept = allowed_count(row, n_vocab, &qwen, seen, 3, slack, scratch, order);
     const int32_t k20_kept = allowed_count(row, n_vocab, &k20, seen, 3, slack, scratch, order);
+    const struct cllm_sample_row m3 = {.temperature = 1.0f, .top_p = 1.0f, .min_p = 0.3f};
+    const int32_t m3_kept = allowed_count(row, n_vocab, &m3, NULL, 0, slack, scratch, order);
     const int32_t p2_kept = allowed_count(row, n_vocab, &p2, NULL, 0, slack, scratch, order);
-    double z = 0.0, p2_out = 0.0; /* the mass of what top-p 0.2 refuses, at temperature 1 */
+    /* the mass of what top-p 0.2 and min-p 0.3 refuse, at temperature 1 (order: the row's) */
+    double z = 0.0, p2_out = 0.0, m3_out = 0.0;
     for (int32_t i = 0; i < n_vocab; i++) {
-        z += exp((double)(row[order[i]] - hi));
-        p2_out += i < p2_kept ? 0.0 : exp((double)(row[order[i]] - hi));
+        const double p = exp((double)(row[order[i]] - hi));
+        z += p;
+        p2_out += i < p2_kept ? 0.0 : p;
+        m3_out += i < m3_kept ? 0.0 : p;
     }
     free(order);
     printf("draw check on a real row: top-p 0.2 allows %d tokens of %d, %.0f%% of the mass "
-           "outside; Qwen2.5's defaults %d (top-k 20 alone: %d)\n",
-           (int)p2_kept, (int)n_vocab, 100.0 * p2_out / z, (int)qwen_kept, (int)k20_kept);
+           "outside; min-p 0.3 %d, %.0f%% outside; Qwen2.5's defaults %d (top-k 20 alone: %d)\n",
+           (int)p2_kept, (int)n_vocab, 100.0 * p2_out / z, (int)m3_kept, 100.0 * m3_out / z,
+           (int)qwen_kept, (int)k20_kept);
     CHECKF(p2_kept >= 1 && p2_out >= 0.5 * z, "top-p 0.2 allows %d, %.0f%% of the mass outside",
            (int)p2_kept, 100.0 * p2_out / z);
+    CHECKF(m3_kept >= 1 && m3_out >= 0.5 * z, "min-p 0.3 allows %d, %.0f%% of the mass outside",
+           (int)m3_kept, 100.0 * m3_out / z);
     CHECKF(qwen_kept >= 1 && qwen_kept < k20_kept, "Qwen's defaults allow %d, top-k alone %d",
            (int)qwen_kept, (int)k20_kept);
     free(row), free(scratch);
@@ -198,20 +206,20 @@ static void test_models(void)
         return;
     struct cllm_agreement r;
     /* One sequence: steps of 16 tokens cut its prefill into 16 + 16 + 8: three rows, then two
-     * decode steps. The CPU draws on the host as a device sampler would: ten draws of five
-     * kinds (greedy, top-k, penalized greedy, top-p alone, Qwen2.5's defaults). */
+     * decode steps. The CPU draws on the host as a device sampler would: twelve draws of six
+     * kinds (greedy, top-k, penalized greedy, top-p alone, min-p alone, Qwen2.5's defaults). */
     test_draw_power(&gguf1);
     compare(&gguf1, &gguf2, 1, &r, "GGUF, 1 thread vs 2, one sequence");
     CHECKF(r.rows == 5 && r.worst == 0.0f && r.top1_same == 5, "rows %d, worst %g", (int)r.rows,
            r.worst);
-    CHECKF(r.draws == 10 && r.bad_draws == 0, "%d of %d draws wrong (the first: %s)",
+    CHECKF(r.draws == 12 && r.bad_draws == 0, "%d of %d draws wrong (the first: %s)",
            (int)r.bad_draws, (int)r.draws, r.first_bad_kind ? r.first_bad_kind : "none");
-    /* Two sequences in every step: 2 prefill rows, 2 per decode step, the ten draws two at a
+    /* Two sequences in every step: 2 prefill rows, 2 per decode step, the twelve draws two at a
      * time in the last step. */
     compare(&gguf1, &gguf3, 2, &r, "GGUF, 1 thread vs 2, two sequences");
     CHECKF(r.rows == 6 && r.worst == 0.0f && r.top1_same == 6, "rows %d, worst %g", (int)r.rows,
            r.worst);
-    CHECKF(r.draws == 10 && r.bad_draws == 0, "%d of %d draws wrong (the first: %s)",
+    CHECKF(r.draws == 12 && r.bad_draws == 0, "%d of %d draws wrong (the first: %s)",
            (int)r.bad_draws, (int)r.draws, r.first_bad_kind ? r.first_bad_kind : "none");
     compare(&gguf1, &hf, 2, &r, "GGUF (8-bit activations) vs its F32 HF folder");
     CHECKF(r.rows == 6 && r.worst <= CLLM_DEVICE_CHECK_BOUND / 3,
@@ -257,6 +265,14 @@ static void test_draw_allowed(void)
     /* top-p over what top-k keeps: within the top 2, token 0 holds 0.525 */
     struct cllm_sample_row k2p5 = {.temperature = 1.0f, .top_k = 2, .top_p = 0.5f};
     CHECK(!ALLOWED(k2p5, NULL, 0, 1, 0.0f) && ALLOWED(k2p5, NULL, 0, 0, 0.0f));
+    /* min-p 0.5: token 1 holds 0.905 of token 0's probability, token 2 0.135 */
+    struct cllm_sample_row m5 = {.temperature = 1.0f, .top_p = 1.0f, .min_p = 0.5f};
+    CHECK(ALLOWED(m5, NULL, 0, 0, 0.0f) && ALLOWED(m5, NULL, 0, 1, 0.0f));
+    CHECK(!ALLOWED(m5, NULL, 0, 2, 0.0f) && ALLOWED(m5, NULL, 0, 2, 2.0f));
+    /* at temperature 10 token 2 holds 0.82 of the top's */
+    struct cllm_sample_row hot = m5;
+    hot.temperature = 10.0f;
+    CHECK(ALLOWED(hot, NULL, 0, 2, 0.0f) && !ALLOWED(hot, NULL, 0, 7, 0.0f));
 #undef ALLOWED
 }
 
