@@ -36,8 +36,9 @@ struct cllm_engine *cllm_server_fail_over(struct cllm_server *s, struct cllm_eng
 {
     pthread_mutex_lock(&s->failover_lock);
     struct cllm_engine *cur = cllm_server_engine(s);
-    if (cur == from && !s->abandoned && s->cfg.engine.backend == CLLM_BACKEND_AUTO &&
+    if (cur == from && !s->fail_over_tried && s->cfg.engine.backend == CLLM_BACKEND_AUTO &&
         strcmp(cllm_engine_backend_name(from), "cpu") != 0 && !atomic_load(&s->stopping)) {
+        s->fail_over_tried = true; /* a CPU engine that cannot start is not retried every poll */
         cllm_log(CLLM_LOG_ERROR, "%s: starting an engine on the CPU", why);
         struct cllm_engine_config c = s->cfg.engine;
         c.backend = CLLM_BACKEND_CPU;

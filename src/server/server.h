@@ -71,6 +71,7 @@ struct cllm_server {
 
     pthread_mutex_t failover_lock;
     struct cllm_engine *abandoned; /* under failover_lock: the stalled engine replaced */
+    bool fail_over_tried;          /* under failover_lock: a move was tried (once at most) */
     char fallback[256]; /* under failover_lock: why the server runs on the CPU though a GPU was
                            to be used, when the server chose so (the GPU probe, a stall) */
 
