@@ -115,20 +115,27 @@ static void run(struct cllm_engine *e, int n, int together, struct cllm_buf *ans
     run_counted(e, n, together, answers, NULL);
 }
 
-/* overlap and run_ahead as in cllm_engine_config: 1 forces them on, -1 off. */
+/* The tests' engine settings; overlap and run_ahead as in cllm_engine_config: 1 forces them
+ * on, -1 off. */
+static void config_modes(struct cllm_engine_config *c, int64_t kv_bytes, int32_t batch_tokens,
+                         int32_t n_ctx, int32_t max_queue, int32_t overlap, int32_t run_ahead)
+{
+    cllm_engine_config_default(c);
+    c->n_threads = 2;
+    c->kv_bytes = kv_bytes;
+    c->max_batch_tokens = batch_tokens;
+    c->max_seqs = 16;
+    c->n_ctx = n_ctx;
+    c->max_queue = max_queue;
+    c->overlap = overlap;
+    c->run_ahead = run_ahead;
+}
+
 static struct cllm_engine *engine_modes(int64_t kv_bytes, int32_t batch_tokens, int32_t n_ctx,
                                         int32_t max_queue, int32_t overlap, int32_t run_ahead)
 {
     struct cllm_engine_config c;
-    cllm_engine_config_default(&c);
-    c.n_threads = 2;
-    c.kv_bytes = kv_bytes;
-    c.max_batch_tokens = batch_tokens;
-    c.max_seqs = 16;
-    c.n_ctx = n_ctx;
-    c.max_queue = max_queue;
-    c.overlap = overlap;
-    c.run_ahead = run_ahead;
+    config_modes(&c, kv_bytes, batch_tokens, n_ctx, max_queue, overlap, run_ahead);
     char err[512];
     struct cllm_engine *e = NULL;
     CHECKF(cllm_engine_new(&e, mf, &c, err, sizeof err) == CLLM_OK, "%s", err);
@@ -373,12 +380,7 @@ static void test_device_stall(const struct cllm_buf *alone)
         else
             unsetenv("CLLM_FAULT_NAME");
         struct cllm_engine_config c;
-        cllm_engine_config_default(&c);
-        c.n_threads = 2;
-        c.max_batch_tokens = 256;
-        c.max_seqs = 16;
-        c.n_ctx = 512;
-        c.overlap = c.run_ahead = gpu ? 1 : -1;
+        config_modes(&c, 0, 256, 512, 0, gpu ? 1 : -1, gpu ? 1 : -1);
         c.stall_timeout = gpu ? 0.5 : 0;
         char err[512], why[256] = "";
         struct cllm_engine *e = NULL;
