@@ -89,9 +89,9 @@ struct cllm_engine {
     char lost[192]; /* under lock: why the device can run nothing more ("" while it can) */
     const char *backend_name;       /* under lock: the backend's name (a static string) */
     double stall_s;                 /* under lock: a turn longer than this is a stall; 0: none */
-    char fallback[256]; /* under lock: why it runs on the CPU though a GPU was to be used ("") */
-    double turn_started;            /* under lock: cllm_now() when the current turn began; 0
-                                       while the engine waits for work */
+    char fallback[256];  /* under lock: why it runs on the CPU though a GPU was to be used ("") */
+    double turn_started; /* under lock: cllm_now() when the current turn began; 0
+                            while the engine waits for work */
     uint64_t next_id;               /* under lock */
     struct cllm_engine_stats stats; /* under lock */
 };
