@@ -1156,24 +1156,25 @@ bool cllm_engine_stalled(struct cllm_engine *e, char *why, size_t why_len)
     return busy > 0;
 }
 
-bool cllm_engine_fallback(struct cllm_engine *e, char *why, size_t why_len)
+/* Whether the reason `field` (one of e's strings under lock) is set; why gets a copy. */
+static bool read_reason(struct cllm_engine *e, const char *field, char *why, size_t why_len)
 {
     pthread_mutex_lock(&e->lock);
-    const bool fell_back = e->fallback[0] != 0;
-    if (fell_back && why_len)
-        snprintf(why, why_len, "%s", e->fallback);
+    const bool set = field[0] != 0;
+    if (set && why_len)
+        snprintf(why, why_len, "%s", field);
     pthread_mutex_unlock(&e->lock);
-    return fell_back;
+    return set;
+}
+
+bool cllm_engine_fallback(struct cllm_engine *e, char *why, size_t why_len)
+{
+    return read_reason(e, e->fallback, why, why_len);
 }
 
 bool cllm_engine_lost(struct cllm_engine *e, char *why, size_t why_len)
 {
-    pthread_mutex_lock(&e->lock);
-    bool lost = e->lost[0] != 0;
-    if (lost && why_len)
-        snprintf(why, why_len, "%s", e->lost);
-    pthread_mutex_unlock(&e->lock);
-    return lost;
+    return read_reason(e, e->lost, why, why_len);
 }
 
 bool cllm_engine_queue_full(struct cllm_engine *e)
