@@ -57,9 +57,21 @@ static bool stalls(struct fault *f)
     return true;
 }
 
+/* CLLM_FAULT_CRASH=1: a sync that finds the file removes it and aborts the process: a
+ * driver or runtime that takes the process down (the file is gone for the next one). */
+static void crashes(struct fault *f)
+{
+    const char *crash = getenv("CLLM_FAULT_CRASH");
+    if (!crash || strcmp(crash, "1") != 0 || unlink(f->trigger) != 0)
+        return;
+    cllm_log(CLLM_LOG_ERROR, "fault: %s existed: the process aborts", f->trigger);
+    abort();
+}
+
 static enum cllm_status fault_sync(struct cllm_backend *be)
 {
     struct fault *f = fault_of(be);
+    crashes(f);
     if (stalls(f))
         return f->inner->iface->sync(be);
     return fails_once(f) || lost(f) ? CLLM_ERR_DEVICE : f->inner->iface->sync(be);

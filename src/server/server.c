@@ -7,22 +7,17 @@
  */
 #include "server/server.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "core/log.h"
 #include "core/status.h"
 #include "server/http.h"
+#include "server/listen.h"
 #include "server/probe.h"
 #include "server/routes.h"
 
@@ -109,6 +104,8 @@ enum MHD_Result cllm_route_health(struct cllm_server *s, struct cllm_http_req *h
     pthread_mutex_unlock(&s->failover_lock);
     if (why[0] || cllm_engine_fallback(e, why, sizeof why))
         cJSON_AddStringToObject(o, "fallback", why);
+    if (s->cfg.restarts > 0)
+        cJSON_AddNumberToObject(o, "restarts", s->cfg.restarts);
     cJSON_AddNumberToObject(o, "context", cllm_engine_n_ctx(e));
     cJSON_AddStringToObject(o, "chat_template",
                             s->tmpl ? cllm_chat_template_name(s->tmpl) : "none");
@@ -244,52 +241,6 @@ static void *loader_main(void *arg)
 
 /* --- start and stop --- */
 
-static enum cllm_status listen_on(struct cllm_server *s, char *err, size_t err_len)
-{
-    const char *host = s->cfg.host;
-    char port[16];
-    snprintf(port, sizeof port, "%d", s->cfg.port);
-    struct addrinfo hints = {.ai_family = AF_UNSPEC,
-                             .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
-    struct addrinfo *res = NULL;
-    int rc = getaddrinfo(host, port, &hints, &res);
-    if (rc)
-        return cllm_fail(err, err_len, CLLM_ERR_IO, "cannot resolve --host %s: %s", host,
-                         gai_strerror(rc));
-    int fd = -1, saved = 0;
-    for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
-        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-        if (fd < 0) {
-            saved = errno;
-            continue;
-        }
-        int one = 1;
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 511) != 0) {
-            saved = errno;
-            close(fd);
-            fd = -1;
-        }
-    }
-    freeaddrinfo(res);
-    if (fd < 0)
-        return cllm_fail(err, err_len, CLLM_ERR_IO, "cannot listen on %s:%d: %s", host, s->cfg.port,
-                         strerror(saved));
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-    s->listen_fd = fd;
-    /* With --port 0 the kernel picked one; report that. */
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0) {
-        if (ss.ss_family == AF_INET)
-            s->cfg.port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
-        else if (ss.ss_family == AF_INET6)
-            s->cfg.port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
-    }
-    return CLLM_OK;
-}
-
 /* The model's name for clients: the file or folder name, without ".gguf". */
 static void set_model_name(struct cllm_server *s)
 {
@@ -333,6 +284,8 @@ enum cllm_status cllm_server_run(const struct cllm_server_config *c, char *err, 
     set_model_name(s);
     cllm_metrics_init(&s->metrics);
     pthread_mutex_init(&s->failover_lock, NULL);
+    if (s->cfg.fallback)
+        snprintf(s->fallback, sizeof s->fallback, "%s", s->cfg.fallback);
 
     /* Signals are taken synchronously by this thread; every thread started from here on
      * inherits the mask. Writes to a closed socket must fail with EPIPE, not kill us. */
@@ -345,9 +298,16 @@ enum cllm_status cllm_server_run(const struct cllm_server_config *c, char *err, 
     sigaction(SIGPIPE, &ign, &old_pipe);
 
     bool loader_started = false;
-    enum cllm_status st = listen_on(s, err, err_len);
+    enum cllm_status st = s->cfg.listen_fd > 0 ? cllm_listen_adopt(s->cfg.listen_fd, err, err_len)
+                                               : cllm_listen_open(s->cfg.host, s->cfg.port,
+                                                                  &s->listen_fd, err, err_len);
     if (st)
         goto out;
+    if (s->cfg.listen_fd > 0)
+        s->listen_fd = s->cfg.listen_fd;
+    /* With --port 0 the kernel picked one; report that. */
+    if (cllm_listen_port(s->listen_fd) >= 0)
+        s->cfg.port = cllm_listen_port(s->listen_fd);
     if ((st = cllm_http_start(s, err, err_len))) {
         close(s->listen_fd);
         goto out;

@@ -36,6 +36,13 @@ struct cllm_server_config {
      * process (probe.h), for up to probe_timeout_s seconds; NULL: not tried that way. */
     const char *probe_exe;
     double probe_timeout_s;
+    /* Set by a keeper (keeper.h) in the serving process it starts: > 0, the listening socket
+     * to serve on (host and port are then only for the log); restarts, how many serving
+     * processes died before this one; fallback (or NULL), why this one runs on the CPU
+     * though a GPU was to be used (/health says it). */
+    int listen_fd;
+    int restarts;
+    const char *fallback;
     struct cllm_engine_config engine;
     /* Fills the request defaults once the model is open (generation_config + server flags).
      * Strings it points p->stop at must outlive cllm_server_run. */

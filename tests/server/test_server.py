@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -48,6 +49,11 @@ def free_port():
         return s.getsockname()[1]
 
 
+def no_core_dumps():
+    """The tests crash servers on purpose: no core files from them."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
 class Server:
     """One `cllm serve` process; stderr goes to a temporary file shown on failure."""
 
@@ -58,7 +64,8 @@ class Server:
         self.proc = subprocess.Popen(
             [BIN, "serve", "--model", MODEL, "--host", "127.0.0.1", "--port", str(self.port),
              "--threads", "2", "--max-tokens", "16", *extra],
-            stdout=subprocess.DEVNULL, stderr=self.log, env={**os.environ, **(env or {})})
+            stdout=subprocess.DEVNULL, stderr=self.log, env={**os.environ, **(env or {})},
+            preexec_fn=no_core_dumps)
         self.statuses = []  # (status, body) of GET / until it answered 200
         self.loading_posts = []  # (status, body) of POST /predict sent while GET / said 503
 
@@ -1047,6 +1054,134 @@ def test_stall_fail_over_idle():
         stop_fault_server(srv, trigger, "the server that moved to the CPU when idle")
 
 
+def serving_child(srv, other_than=None, timeout=60):
+    """The pid of the serving process under srv's keeper (not other_than), or None."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and srv.proc.poll() is None:
+        try:
+            with open(f"/proc/{srv.proc.pid}/task/{srv.proc.pid}/children") as f:
+                pids = [int(p) for p in f.read().split() if int(p) != other_than]
+        except OSError:
+            pids = []
+        if pids:
+            return pids[0]
+        time.sleep(0.05)
+    return None
+
+
+def nothing_listens(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        return False
+    except OSError:
+        return True
+
+
+def test_crash_restart():
+    """A serving process that dies of a signal (CLLM_FAULT_CRASH: the 'GPU' aborts the process
+    in a step, as a crashing driver would) is restarted by its keeper (src/server/keeper.h) on
+    the same port, on the CPU: the request it was answering is lost, the health check comes
+    back saying why, later requests are served, and SIGTERM still stops it all. Without the
+    keeper (--no-keeper) the same crash ends the server."""
+    trigger = os.path.join(tempfile.mkdtemp(prefix="cllm-crash-"), "crash")
+    env = {"CLLM_FAULT_FILE": trigger, "CLLM_FAULT_NAME": "fake-gpu", "CLLM_FAULT_CRASH": "1"}
+    srv = Server("--max-seqs", "4", env=env)
+    try:
+        if not check(srv.wait_ready(), "server on a 'GPU' that can crash the process ready"):
+            return
+        port = srv.port
+        st, _, body = request(port, "GET", "/health")
+        h = json.loads(body)
+        check(st == 200 and h.get("backend") == "fake-gpu" and "restarts" not in h,
+              f"starts on the 'GPU', no restart yet: {st} {h}")
+        first = serving_child(srv)
+        open(trigger, "w").close()
+        t = time.monotonic()
+        try:
+            st, _, j = post(port, "/predict", {"prompt": ["hi", "1, 2, 3,"], "max_tokens": 4},
+                            timeout=60)
+            lost = False
+        except OSError as e:
+            lost, st, j = True, None, repr(e)
+        check(lost, f"the request in flight dies with the process: {st} {j}")
+        srv.statuses = []
+        back = srv.wait_ready(timeout=60)
+        dt = time.monotonic() - t
+        check(back and srv.statuses and srv.statuses[-1][0] == 200,
+              f"the health check answers 200 again, {dt:.1f} s after the crash")
+        h = json.loads(srv.statuses[-1][1]) if back else {}
+        check(h.get("backend") == "cpu" and h.get("restarts") == 1
+              and "died of signal 6" in h.get("fallback", "")
+              and "on the CPU" in h.get("fallback", ""),
+              f"health: on the CPU now, one restart, saying why: {h}")
+        st, _, j = post(port, "/predict", {"prompt": ["hi", "1, 2, 3,"], "max_tokens": 4}, timeout=60)
+        check(st == 200 and len(j.get("response", [])) == 2, f"later requests are served: {st} {j}")
+        second = serving_child(srv, other_than=first)
+        check(srv.proc.poll() is None and second and second != first,
+              f"the keeper stayed, with a new serving process: {first} -> {second}")
+        check("keeper: the serving process died of signal 6" in srv.text(), "the keeper logs the crash")
+        print(f"crash restart: served again {dt:.1f} s after the crash", flush=True)
+    finally:
+        stop_fault_server(srv, trigger, "the keeper after a restart")
+    check(nothing_listens(srv.port), "nothing listens after the keeper stopped")
+
+    trigger = os.path.join(tempfile.mkdtemp(prefix="cllm-crash-"), "crash")
+    env["CLLM_FAULT_FILE"] = trigger
+    srv = Server("--max-seqs", "4", "--no-keeper", env=env)
+    try:
+        if not check(srv.wait_ready(), "server without a keeper ready"):
+            return
+        check(serving_child(srv, timeout=0.5) is None, "--no-keeper: no serving child process")
+        open(trigger, "w").close()
+        try:
+            post(srv.port, "/predict", {"prompt": "hi", "max_tokens": 4}, timeout=60)
+        except OSError:
+            pass
+        try:
+            rc = srv.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            rc = None
+        check(rc == -signal.SIGABRT and nothing_listens(srv.port),
+              f"--no-keeper: the crash ends the server: {rc}")
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+            srv.proc.wait()
+        srv.check_no_sanitizer_report()
+        os.rmdir(os.path.dirname(trigger))
+
+
+def test_keeper_gives_up():
+    """A serving process that keeps dying soon after its start (here killed, as by the OOM
+    killer) is restarted after growing pauses, and after five such deaths in a row the keeper
+    gives up: it exits 1 and frees the port, rather than restart forever."""
+    srv = Server()
+    try:
+        if not check(srv.wait_ready(), "server for the keeper's give-up ready"):
+            return
+        child, t = None, time.monotonic()
+        for i in range(5):
+            child = serving_child(srv, other_than=child)
+            if not check(child is not None, f"serving process {i + 1} started"):
+                return
+            os.kill(child, signal.SIGKILL)
+        try:
+            rc = srv.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            rc = None
+        dt = time.monotonic() - t
+        # paused 0 + 1 + 2 + 4 s between the five deaths
+        check(rc == 1 and dt >= 7 and nothing_listens(srv.port),
+              f"the keeper gives up after five quick deaths: rc {rc} after {dt:.1f} s")
+        check("5 times in a row within a minute: not starting it again" in srv.text(),
+              "the keeper says why it gave up")
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+            srv.proc.wait()
+        srv.check_no_sanitizer_report()
+
+
 def test_gpu_probe():
     """--device auto first tries the GPU in a child process (src/server/probe.h). Here the GPU
     is the CPU backend passing for one (CLLM_FAULT_NAME), and the child crashes or hangs once
@@ -1156,6 +1291,8 @@ def main():
     test_stall_timeout()
     test_stall_fail_over()
     test_stall_fail_over_idle()
+    test_crash_restart()
+    test_keeper_gives_up()
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 

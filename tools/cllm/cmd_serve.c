@@ -14,6 +14,7 @@
 #include "cmd.h"
 #include "core/log.h"
 #include "gen_opts.h"
+#include "server/keeper.h"
 #include "server/server.h"
 
 enum {
@@ -23,7 +24,8 @@ enum {
     OPT_MAX_QUEUE,
     OPT_MAX_BODY,
     OPT_PROBE_TIMEOUT,
-    OPT_STALL_TIMEOUT
+    OPT_STALL_TIMEOUT,
+    OPT_NO_KEEPER
 };
 
 /* Seconds the GPU probe (src/server/probe.h) may take before the server gives up on the GPU:
@@ -50,6 +52,9 @@ static void usage(FILE *f)
             "                          end with the text they have (default 30 on a GPU, never\n"
             "                          on the CPU, not even when set if it took over from a GPU;\n"
             "                          0: never)\n"
+            "  --no-keeper             serve from this process; by default a parent process\n"
+            "                          (the keeper) restarts the server if it dies of a signal\n"
+            "                          (a crashing GPU driver), on the CPU under --device auto\n"
             "request defaults (each request may override them) and engine sizing:\n" CLLM_GEN_USAGE,
             DEFAULT_PROBE_TIMEOUT_S);
 }
@@ -74,7 +79,8 @@ static void request_defaults(void *ctx, const struct cllm_model_files *mf,
     cllm_gen_opts_params(ctx, mf, p);
 }
 
-int cllm_cmd_serve(int argc, char **argv)
+/* args: argv as given (getopt_long reorders argv), for the keeper to start the server with */
+static int serve(int argc, char **argv, char **args)
 {
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
@@ -85,6 +91,7 @@ int cllm_cmd_serve(int argc, char **argv)
         {"max-body", required_argument, 0, OPT_MAX_BODY},
         {"gpu-probe-timeout", required_argument, 0, OPT_PROBE_TIMEOUT},
         {"stall-timeout", required_argument, 0, OPT_STALL_TIMEOUT},
+        {"no-keeper", no_argument, 0, OPT_NO_KEEPER},
         {"help", no_argument, 0, 'h'},
         CLLM_GEN_LONG_OPTIONS,
         {0, 0, 0, 0}};
@@ -95,6 +102,7 @@ int cllm_cmd_serve(int argc, char **argv)
                                      .probe_timeout_s = DEFAULT_PROBE_TIMEOUT_S};
     unsigned long long v;
     double stall_timeout = 0; /* the engine's default */
+    bool keeper = true;
     int c;
     while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
         switch (c) {
@@ -116,6 +124,9 @@ int cllm_cmd_serve(int argc, char **argv)
                 return 2;
             }
             cfg.probe_timeout_s = (double)v;
+            break;
+        case OPT_NO_KEEPER:
+            keeper = false;
             break;
         case OPT_STALL_TIMEOUT: {
             char *end;
@@ -167,20 +178,48 @@ int cllm_cmd_serve(int argc, char **argv)
     }
     cfg.engine = g.engine;
     cfg.engine.stall_timeout = stall_timeout;
-    /* The probe runs this very binary (its probe-device command). */
+    /* The probe and the keeper run this very binary. */
     char exe[4096];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0 && cfg.probe_timeout_s > 0) {
+    if (n > 0) {
         exe[n] = 0;
-        cfg.probe_exe = exe;
+        if (cfg.probe_timeout_s > 0)
+            cfg.probe_exe = exe;
+    }
+    cllm_log_set_level(CLLM_LOG_INFO);
+    char fallback[256];
+    if (cllm_keeper_child(&cfg.listen_fd, &cfg.restarts, fallback, sizeof fallback)) {
+        cfg.fallback = fallback[0] ? fallback : NULL;
+    } else if (keeper && n > 0) {
+        const struct cllm_keeper_config k = {
+            .exe = exe,
+            .argc = argc,
+            .argv = args,
+            .host = cfg.host,
+            .port = cfg.port,
+            .restart_on_cpu = g.engine.backend == CLLM_BACKEND_AUTO,
+        };
+        return cllm_keeper_run(&k);
     }
     cfg.request_defaults = request_defaults;
     cfg.request_defaults_ctx = &g;
-    cllm_log_set_level(CLLM_LOG_INFO);
     char err[1024] = "";
     if (cllm_server_run(&cfg, err, sizeof err) != CLLM_OK) {
         fprintf(stderr, "cllm: %s\n", err);
         return 1;
     }
     return 0;
+}
+
+int cllm_cmd_serve(int argc, char **argv)
+{
+    char **args = calloc((size_t)argc + 1, sizeof *args);
+    if (!args) {
+        fprintf(stderr, "cllm: out of memory\n");
+        return 1;
+    }
+    memcpy(args, argv, (size_t)argc * sizeof *args);
+    int rc = serve(argc, argv, args);
+    free(args);
+    return rc;
 }

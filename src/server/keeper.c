@@ -1,0 +1,209 @@
+/* The keeper of keeper.h: a parent that binds, starts the serving process and restarts it
+ * when it dies of a signal. It loads nothing itself (a few KB resident), so nothing that
+ * kills a serving process is likely to kill it. */
+#include "server/keeper.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/log.h"
+#include "engine/request.h"
+#include "server/listen.h"
+
+extern char **environ;
+
+/* A serving process that dies sooner than this after its start counts toward giving up. */
+#define QUICK_DEATH_S 60.0
+#define QUICK_DEATHS_MAX 5
+
+static pid_t start_child(const char *exe, char **argv)
+{
+    posix_spawnattr_t attr;
+    sigset_t none;
+    sigemptyset(&none);
+    posix_spawnattr_init(&attr);
+    posix_spawnattr_setsigmask(&attr, &none); /* the keeper's blocked signals are its own */
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
+    pid_t pid = -1;
+    int rc = posix_spawn(&pid, exe, NULL, &attr, argv, environ);
+    posix_spawnattr_destroy(&attr);
+    if (rc != 0) {
+        cllm_log(CLLM_LOG_ERROR, "keeper: cannot start %s: %s", exe, strerror(rc));
+        return -1;
+    }
+    return pid;
+}
+
+/* Waits for the child to end, passing SIGINT/SIGTERM on to it (*stop_sig: the first such). */
+static int wait_child(pid_t pid, const sigset_t *sigs, int *stop_sig)
+{
+    for (;;) {
+        int status = 0;
+        pid_t got = waitpid(pid, &status, WNOHANG);
+        if (got == pid)
+            return status;
+        if (got < 0 && errno != EINTR) {
+            cllm_log(CLLM_LOG_ERROR, "keeper: waiting for the serving process: %s",
+                     strerror(errno));
+            return 1 << 8; /* as an exit with status 1 */
+        }
+        struct timespec tick = {1, 0}; /* SIGCHLD usually wakes it sooner */
+        int sig = sigtimedwait(sigs, NULL, &tick);
+        if (sig == SIGINT || sig == SIGTERM) {
+            if (!*stop_sig)
+                *stop_sig = sig;
+            kill(pid, sig);
+        }
+    }
+}
+
+/* Sleeps s seconds unless SIGINT/SIGTERM comes first (then returns it). */
+static int pause_unless_stopped(const sigset_t *sigs, double s)
+{
+    const double until = cllm_now() + s;
+    for (double left = s; left > 0; left = until - cllm_now()) {
+        struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
+        int sig = sigtimedwait(sigs, NULL, &ts);
+        if (sig == SIGINT || sig == SIGTERM)
+            return sig;
+    }
+    return 0;
+}
+
+static void set_env_int(const char *name, long v)
+{
+    char s[32];
+    snprintf(s, sizeof s, "%ld", v);
+    setenv(name, s, 1);
+}
+
+int cllm_keeper_run(const struct cllm_keeper_config *c)
+{
+    char err[512];
+    int bound;
+    if (cllm_listen_open(c->host, c->port, &bound, err, sizeof err) != CLLM_OK) {
+        fprintf(stderr, "cllm: %s\n", err);
+        return 1;
+    }
+    /* Handed down across exec (so not close-on-exec), and never as 0-2. */
+    int fd = fcntl(bound, F_DUPFD, 3);
+    close(bound);
+    /* "cllm" + the command + "--device cpu" + NULL */
+    char **argv = calloc((size_t)c->argc + 4, sizeof *argv);
+    if (fd < 0 || !argv) {
+        fprintf(stderr, "cllm: keeper: %s\n", fd < 0 ? strerror(errno) : "out of memory");
+        if (fd >= 0)
+            close(fd);
+        free(argv);
+        return 1;
+    }
+    int n = 0;
+    argv[n++] = "cllm";
+    for (int i = 0; i < c->argc; i++)
+        argv[n++] = c->argv[i];
+
+    sigset_t sigs, old_mask;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &sigs, &old_mask);
+    set_env_int(CLLM_KEEPER_ENV_FD, fd);
+    set_env_int(CLLM_KEEPER_ENV_PID, (long)getpid());
+
+    int rc = 1, restarts = 0, quick_deaths = 0;
+    for (;;) {
+        set_env_int(CLLM_KEEPER_ENV_RESTARTS, restarts);
+        const pid_t pid = start_child(c->exe, argv);
+        if (pid < 0)
+            break;
+        const double t0 = cllm_now();
+        int stop_sig = 0;
+        const int status = wait_child(pid, &sigs, &stop_sig);
+        if (WIFEXITED(status)) { /* a shutdown, or a start that failed: no crash */
+            rc = WEXITSTATUS(status);
+            break;
+        }
+        const int sig = WTERMSIG(status);
+        if (stop_sig) { /* stopped as asked, before it could take the signal itself */
+            rc = sig == stop_sig ? 0 : 128 + sig;
+            break;
+        }
+        const double lived = cllm_now() - t0;
+        quick_deaths = lived < QUICK_DEATH_S ? quick_deaths + 1 : 1;
+        if (quick_deaths >= QUICK_DEATHS_MAX) {
+            cllm_log(CLLM_LOG_ERROR,
+                     "keeper: the serving process died of signal %d (%s) %.1f s after its "
+                     "start, %d times in a row within a minute: not starting it again",
+                     sig, strsignal(sig), lived, quick_deaths);
+            rc = 1;
+            break;
+        }
+        restarts++;
+        char why[256];
+        snprintf(why, sizeof why,
+                 "the serving process died of signal %d (%s) after %.0f s: restart %d%s", sig,
+                 strsignal(sig), lived, restarts, c->restart_on_cpu ? ", on the CPU" : "");
+        cllm_log(CLLM_LOG_ERROR, "keeper: %s; the requests it was answering are lost", why);
+        if (c->restart_on_cpu && argv[n] == NULL) {
+            argv[n] = "--device";
+            argv[n + 1] = "cpu";
+        }
+        if (c->restart_on_cpu)
+            setenv(CLLM_KEEPER_ENV_FALLBACK, why, 1);
+        /* A process that keeps dying at start is not restarted in a tight loop. */
+        const double delay = quick_deaths > 1 ? (double)(1 << (quick_deaths - 2)) : 0;
+        if (delay > 0 && pause_unless_stopped(&sigs, delay)) {
+            rc = 0;
+            break;
+        }
+    }
+    unsetenv(CLLM_KEEPER_ENV_FD);
+    unsetenv(CLLM_KEEPER_ENV_PID);
+    unsetenv(CLLM_KEEPER_ENV_RESTARTS);
+    unsetenv(CLLM_KEEPER_ENV_FALLBACK);
+    sigprocmask(SIG_SETMASK, &old_mask, NULL);
+    close(fd);
+    free(argv);
+    return rc;
+}
+
+static long env_long(const char *name, long fallback)
+{
+    const char *s = getenv(name);
+    char *end;
+    errno = 0;
+    long v = s ? strtol(s, &end, 10) : fallback;
+    return s && (errno || end == s || *end) ? fallback : v;
+}
+
+bool cllm_keeper_child(int *listen_fd, int *restarts, char *fallback, size_t fallback_len)
+{
+    if (!getenv(CLLM_KEEPER_ENV_FD))
+        return false;
+    long fd = env_long(CLLM_KEEPER_ENV_FD, -1);
+    *listen_fd = fd > 0 && fd <= 1 << 30 ? (int)fd : -1; /* -1: the server says it is no socket */
+    long n = env_long(CLLM_KEEPER_ENV_RESTARTS, 0);
+    *restarts = n > 0 && n < 1 << 20 ? (int)n : 0;
+    const char *why = getenv(CLLM_KEEPER_ENV_FALLBACK);
+    snprintf(fallback, fallback_len, "%s", why ? why : "");
+    /* A server nobody would restart must not outlive its keeper (and hold its port): it gets
+     * SIGTERM, and shuts down as usual, when the keeper dies; if it died already, now. */
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != (pid_t)env_long(CLLM_KEEPER_ENV_PID, -1))
+        raise(SIGTERM);
+    unsetenv(CLLM_KEEPER_ENV_FD);
+    unsetenv(CLLM_KEEPER_ENV_PID);
+    unsetenv(CLLM_KEEPER_ENV_RESTARTS);
+    unsetenv(CLLM_KEEPER_ENV_FALLBACK);
+    return true;
+}

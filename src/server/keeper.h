@@ -1,0 +1,44 @@
+/*
+ * The keeper: `cllm serve` runs the server in a child process and stays as its parent, so
+ * that a serving process that dies (a GPU driver or runtime that crashes or aborts the
+ * process, the kernel's OOM killer) does not take the service down with it. The keeper binds
+ * the address and hands the listening socket to the child; when the child dies of a signal,
+ * the keeper starts another on the same socket (connections that arrive meanwhile wait in its
+ * backlog), on the CPU when the dead one may have been on a GPU. The requests the dead process
+ * was answering are lost with it (their connections close without an answer); every later one
+ * is served. A child that exits by itself (a shutdown, a model that cannot load) ends the
+ * keeper with its exit status: that is no crash, and a restart would fail the same way.
+ * SIGINT and SIGTERM go on to the child, which shuts down as usual.
+ */
+#ifndef CLLM_SERVER_KEEPER_H
+#define CLLM_SERVER_KEEPER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* What a keeper tells the serving process it starts, through its environment. */
+#define CLLM_KEEPER_ENV_FD "CLLM_KEEPER_LISTEN_FD"      /* the listening socket's descriptor */
+#define CLLM_KEEPER_ENV_PID "CLLM_KEEPER_PID"           /* the keeper's pid */
+#define CLLM_KEEPER_ENV_RESTARTS "CLLM_KEEPER_RESTARTS" /* serving processes that died before */
+#define CLLM_KEEPER_ENV_FALLBACK "CLLM_KEEPER_FALLBACK" /* why it runs on the CPU, if it does */
+
+struct cllm_keeper_config {
+    const char *exe; /* this binary */
+    int argc;        /* the serve command's arguments as given, argv[0] = "serve" */
+    char **argv;
+    const char *host; /* where to listen */
+    int port;
+    bool restart_on_cpu; /* restarts add --device cpu (the server was to use a GPU if any) */
+};
+
+/* Binds, then runs serving processes until one exits by itself, or SIGINT/SIGTERM stops it;
+ * returns the exit status for `cllm serve`. A serving process that dies within a minute of
+ * its start five times in a row is not started again: the keeper exits (1). */
+int cllm_keeper_run(const struct cllm_keeper_config *c);
+
+/* In a serving process a keeper started: reads (and clears) what the keeper said. Returns
+ * false when this process has no keeper; else *listen_fd, *restarts and fallback (a copy,
+ * "" when none) are set, and this process gets SIGTERM if the keeper dies. */
+bool cllm_keeper_child(int *listen_fd, int *restarts, char *fallback, size_t fallback_len);
+
+#endif
