@@ -1,6 +1,6 @@
 /* The keeper of keeper.h: a parent that binds, starts the serving process and restarts it
- * when it dies of a signal. It loads nothing itself (a few KB resident), so nothing that
- * kills a serving process is likely to kill it. */
+ * when it dies of a signal. It loads no model and touches no device, so what kills a serving
+ * process is unlikely to kill it. */
 #include "server/keeper.h"
 
 #include <errno.h>
@@ -21,12 +21,33 @@
 
 extern char **environ;
 
-/* A serving process that dies sooner than this after its start counts toward giving up. */
+/* Serving processes that die before they are ready this many times in a row are not started
+ * again: the start itself fails (a restart on the CPU did not help either). */
+#define FAILED_STARTS_MAX 5
+/* Deaths sooner than this after the start, in a row, make the pauses before restarts grow. */
 #define QUICK_DEATH_S 60.0
-#define QUICK_DEATHS_MAX 5
+#define MAX_PAUSE_S 30
 
-static pid_t start_child(const char *exe, char **argv)
+static void set_env_int(const char *name, long v)
 {
+    char s[32];
+    snprintf(s, sizeof s, "%ld", v);
+    setenv(name, s, 1);
+}
+
+/* Starts the serving process; *ready gets the read end of the pipe it writes a byte to once
+ * it is ready to serve (so the keeper knows, after its death, whether it ever got there). */
+static pid_t start_child(const char *exe, char **argv, int *ready)
+{
+    int p[2];
+    if (pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) {
+        cllm_log(CLLM_LOG_ERROR, "keeper: cannot make a pipe: %s", strerror(errno));
+        return -1;
+    }
+    const int w = fcntl(p[1], F_DUPFD, 3); /* the child's end, handed down across exec */
+    const int dup_errno = errno;
+    close(p[1]);
+    set_env_int(CLLM_KEEPER_ENV_READY, w);
     posix_spawnattr_t attr;
     sigset_t none;
     sigemptyset(&none);
@@ -34,12 +55,16 @@ static pid_t start_child(const char *exe, char **argv)
     posix_spawnattr_setsigmask(&attr, &none); /* the keeper's blocked signals are its own */
     posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
     pid_t pid = -1;
-    int rc = posix_spawn(&pid, exe, NULL, &attr, argv, environ);
+    int rc = w < 0 ? dup_errno : posix_spawn(&pid, exe, NULL, &attr, argv, environ);
     posix_spawnattr_destroy(&attr);
+    if (w >= 0)
+        close(w);
     if (rc != 0) {
         cllm_log(CLLM_LOG_ERROR, "keeper: cannot start %s: %s", exe, strerror(rc));
+        close(p[0]);
         return -1;
     }
+    *ready = p[0];
     return pid;
 }
 
@@ -79,11 +104,13 @@ static int pause_unless_stopped(const sigset_t *sigs, double s)
     return 0;
 }
 
-static void set_env_int(const char *name, long v)
+static void unset_env(void)
 {
-    char s[32];
-    snprintf(s, sizeof s, "%ld", v);
-    setenv(name, s, 1);
+    unsetenv(CLLM_KEEPER_ENV_FD);
+    unsetenv(CLLM_KEEPER_ENV_READY);
+    unsetenv(CLLM_KEEPER_ENV_PID);
+    unsetenv(CLLM_KEEPER_ENV_RESTARTS);
+    unsetenv(CLLM_KEEPER_ENV_FALLBACK);
 }
 
 int cllm_keeper_run(const struct cllm_keeper_config *c)
@@ -96,11 +123,12 @@ int cllm_keeper_run(const struct cllm_keeper_config *c)
     }
     /* Handed down across exec (so not close-on-exec), and never as 0-2. */
     int fd = fcntl(bound, F_DUPFD, 3);
+    const int dup_errno = errno;
     close(bound);
     /* "cllm" + the command + "--device cpu" + NULL */
     char **argv = calloc((size_t)c->argc + 4, sizeof *argv);
     if (fd < 0 || !argv) {
-        fprintf(stderr, "cllm: keeper: %s\n", fd < 0 ? strerror(errno) : "out of memory");
+        fprintf(stderr, "cllm: keeper: %s\n", fd < 0 ? strerror(dup_errno) : "out of memory");
         if (fd >= 0)
             close(fd);
         free(argv);
@@ -120,15 +148,19 @@ int cllm_keeper_run(const struct cllm_keeper_config *c)
     set_env_int(CLLM_KEEPER_ENV_FD, fd);
     set_env_int(CLLM_KEEPER_ENV_PID, (long)getpid());
 
-    int rc = 1, restarts = 0, quick_deaths = 0;
+    int rc = 1, restarts = 0, failed_starts = 0, quick_deaths = 0;
     for (;;) {
         set_env_int(CLLM_KEEPER_ENV_RESTARTS, restarts);
-        const pid_t pid = start_child(c->exe, argv);
+        int ready = -1;
+        const pid_t pid = start_child(c->exe, argv, &ready);
         if (pid < 0)
             break;
         const double t0 = cllm_now();
         int stop_sig = 0;
         const int status = wait_child(pid, &sigs, &stop_sig);
+        char byte;
+        const bool was_ready = read(ready, &byte, 1) == 1;
+        close(ready);
         if (WIFEXITED(status)) { /* a shutdown, or a start that failed: no crash */
             rc = WEXITSTATUS(status);
             break;
@@ -139,14 +171,26 @@ int cllm_keeper_run(const struct cllm_keeper_config *c)
             break;
         }
         const double lived = cllm_now() - t0;
-        quick_deaths = lived < QUICK_DEATH_S ? quick_deaths + 1 : 1;
-        if (quick_deaths >= QUICK_DEATHS_MAX) {
-            cllm_log(CLLM_LOG_ERROR,
-                     "keeper: the serving process died of signal %d (%s) %.1f s after its "
-                     "start, %d times in a row within a minute: not starting it again",
-                     sig, strsignal(sig), lived, quick_deaths);
-            rc = 1;
-            break;
+        /* Not restarted in a tight loop: pauses of 0, 1, 2, 4 ... s between quick deaths. */
+        int pause_s;
+        if (!was_ready) {
+            if (++failed_starts >= FAILED_STARTS_MAX) {
+                cllm_log(CLLM_LOG_ERROR,
+                         "keeper: the serving process died of signal %d (%s) %.1f s after its "
+                         "start, before it was ready, %d times in a row: not starting it again",
+                         sig, strsignal(sig), lived, failed_starts);
+                rc = 1;
+                break;
+            }
+            pause_s = failed_starts > 1 ? 1 << (failed_starts - 2) : 0;
+        } else {
+            failed_starts = 0;
+            quick_deaths = lived < QUICK_DEATH_S ? quick_deaths + 1 : 1;
+            pause_s = quick_deaths < 2   ? 0
+                      : quick_deaths > 7 ? MAX_PAUSE_S
+                                         : 1 << (quick_deaths - 2);
+            if (pause_s > MAX_PAUSE_S)
+                pause_s = MAX_PAUSE_S;
         }
         restarts++;
         char why[256];
@@ -160,17 +204,12 @@ int cllm_keeper_run(const struct cllm_keeper_config *c)
         }
         if (c->restart_on_cpu)
             setenv(CLLM_KEEPER_ENV_FALLBACK, why, 1);
-        /* A process that keeps dying at start is not restarted in a tight loop. */
-        const double delay = quick_deaths > 1 ? (double)(1 << (quick_deaths - 2)) : 0;
-        if (delay > 0 && pause_unless_stopped(&sigs, delay)) {
+        if (pause_s > 0 && pause_unless_stopped(&sigs, pause_s)) {
             rc = 0;
             break;
         }
     }
-    unsetenv(CLLM_KEEPER_ENV_FD);
-    unsetenv(CLLM_KEEPER_ENV_PID);
-    unsetenv(CLLM_KEEPER_ENV_RESTARTS);
-    unsetenv(CLLM_KEEPER_ENV_FALLBACK);
+    unset_env();
     sigprocmask(SIG_SETMASK, &old_mask, NULL);
     close(fd);
     free(argv);
@@ -186,24 +225,25 @@ static long env_long(const char *name, long fallback)
     return s && (errno || end == s || *end) ? fallback : v;
 }
 
-bool cllm_keeper_child(int *listen_fd, int *restarts, char *fallback, size_t fallback_len)
+bool cllm_keeper_child(struct cllm_keeper_child *k)
 {
     if (!getenv(CLLM_KEEPER_ENV_FD))
         return false;
-    long fd = env_long(CLLM_KEEPER_ENV_FD, -1);
-    *listen_fd = fd > 0 && fd <= 1 << 30 ? (int)fd : -1; /* -1: the server says it is no socket */
+    /* -1 where the variable is not a descriptor: the server then says it is no socket */
+    long fd = env_long(CLLM_KEEPER_ENV_FD, -1), ready = env_long(CLLM_KEEPER_ENV_READY, -1);
+    k->listen_fd = fd > 2 && fd <= 1 << 30 ? (int)fd : -1;
+    k->ready_fd = ready > 2 && ready <= 1 << 30 ? (int)ready : -1;
+    if (k->ready_fd >= 0) /* a GPU probe started from here must not hold it */
+        fcntl(k->ready_fd, F_SETFD, FD_CLOEXEC);
     long n = env_long(CLLM_KEEPER_ENV_RESTARTS, 0);
-    *restarts = n > 0 && n < 1 << 20 ? (int)n : 0;
+    k->restarts = n > 0 && n < 1 << 20 ? (int)n : 0;
     const char *why = getenv(CLLM_KEEPER_ENV_FALLBACK);
-    snprintf(fallback, fallback_len, "%s", why ? why : "");
+    snprintf(k->fallback, sizeof k->fallback, "%s", why ? why : "");
     /* A server nobody would restart must not outlive its keeper (and hold its port): it gets
      * SIGTERM, and shuts down as usual, when the keeper dies; if it died already, now. */
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != (pid_t)env_long(CLLM_KEEPER_ENV_PID, -1))
         raise(SIGTERM);
-    unsetenv(CLLM_KEEPER_ENV_FD);
-    unsetenv(CLLM_KEEPER_ENV_PID);
-    unsetenv(CLLM_KEEPER_ENV_RESTARTS);
-    unsetenv(CLLM_KEEPER_ENV_FALLBACK);
+    unset_env();
     return true;
 }

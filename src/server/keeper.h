@@ -18,6 +18,7 @@
 
 /* What a keeper tells the serving process it starts, through its environment. */
 #define CLLM_KEEPER_ENV_FD "CLLM_KEEPER_LISTEN_FD"      /* the listening socket's descriptor */
+#define CLLM_KEEPER_ENV_READY "CLLM_KEEPER_READY_FD"    /* a pipe to write a byte to when ready */
 #define CLLM_KEEPER_ENV_PID "CLLM_KEEPER_PID"           /* the keeper's pid */
 #define CLLM_KEEPER_ENV_RESTARTS "CLLM_KEEPER_RESTARTS" /* serving processes that died before */
 #define CLLM_KEEPER_ENV_FALLBACK "CLLM_KEEPER_FALLBACK" /* why it runs on the CPU, if it does */
@@ -32,13 +33,23 @@ struct cllm_keeper_config {
 };
 
 /* Binds, then runs serving processes until one exits by itself, or SIGINT/SIGTERM stops it;
- * returns the exit status for `cllm serve`. A serving process that dies within a minute of
- * its start five times in a row is not started again: the keeper exits (1). */
+ * returns the exit status for `cllm serve`. A serving process that dies before it was ready
+ * five times in a row is not started again: the keeper exits (1). One that dies after it was
+ * ready is always restarted, after a pause that grows (to 30 s) while they die within a
+ * minute of their start. */
 int cllm_keeper_run(const struct cllm_keeper_config *c);
 
-/* In a serving process a keeper started: reads (and clears) what the keeper said. Returns
- * false when this process has no keeper; else *listen_fd, *restarts and fallback (a copy,
- * "" when none) are set, and this process gets SIGTERM if the keeper dies. */
-bool cllm_keeper_child(int *listen_fd, int *restarts, char *fallback, size_t fallback_len);
+/* What a serving process learns from its keeper. */
+struct cllm_keeper_child {
+    int listen_fd;      /* the listening socket to serve on (-1: the keeper's word was no fd) */
+    int ready_fd;       /* write one byte here once ready to serve (-1: none) */
+    int restarts;       /* serving processes that died before this one */
+    char fallback[256]; /* why this one runs on the CPU though a GPU was to be used, or "" */
+};
+
+/* In a serving process a keeper started: reads (and clears) what the keeper said into *k and
+ * returns true (this process then gets SIGTERM if the keeper dies); false when this process
+ * has no keeper. */
+bool cllm_keeper_child(struct cllm_keeper_child *k);
 
 #endif

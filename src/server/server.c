@@ -7,6 +7,7 @@
  */
 #include "server/server.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -234,6 +235,12 @@ static void *loader_main(void *arg)
     if (atomic_load(&s->stopping))
         return NULL;
     atomic_store(&s->state, CLLM_SERVER_READY);
+    if (s->cfg.ready_fd > 0) { /* the keeper: a death from now on is no failed start */
+        if (write(s->cfg.ready_fd, "r", 1) != 1)
+            cllm_log(CLLM_LOG_WARN, "cannot tell the keeper the server is ready: %s",
+                     strerror(errno));
+        close(s->cfg.ready_fd);
+    }
     cllm_log(CLLM_LOG_INFO, "model %s ready: loaded and warmed up in %.2f s (%.2f s after start)",
              s->model_name, s->load_seconds, cllm_now() - s->t_start);
     return NULL;
@@ -258,6 +265,19 @@ static void set_model_name(struct cllm_server *s)
         len = sizeof s->model_name - 1;
     memcpy(s->model_name, p + b, len);
     s->model_name[len] = 0;
+}
+
+/* Seconds a shutdown waits for the loader thread, which looks at `stopping` between its
+ * stages: one blocked in a read (a model on a stuck mount, a FIFO) or in a device call (a GPU
+ * that hangs as it starts) would otherwise keep the process from ever exiting. */
+#define LOADER_STOP_S 10
+
+static bool join_loader(struct cllm_server *s)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += LOADER_STOP_S;
+    return pthread_timedjoin_np(s->loader, NULL, &until) == 0;
 }
 
 enum cllm_status cllm_server_run(const struct cllm_server_config *c, char *err, size_t err_len)
@@ -298,12 +318,12 @@ enum cllm_status cllm_server_run(const struct cllm_server_config *c, char *err, 
     sigaction(SIGPIPE, &ign, &old_pipe);
 
     bool loader_started = false;
-    enum cllm_status st = s->cfg.listen_fd > 0 ? cllm_listen_adopt(s->cfg.listen_fd, err, err_len)
-                                               : cllm_listen_open(s->cfg.host, s->cfg.port,
-                                                                  &s->listen_fd, err, err_len);
+    enum cllm_status st = s->cfg.listen_fd != 0 ? cllm_listen_adopt(s->cfg.listen_fd, err, err_len)
+                                                : cllm_listen_open(s->cfg.host, s->cfg.port,
+                                                                   &s->listen_fd, err, err_len);
     if (st)
         goto out;
-    if (s->cfg.listen_fd > 0)
+    if (s->cfg.listen_fd != 0)
         s->listen_fd = s->cfg.listen_fd;
     /* With --port 0 the kernel picked one; report that. */
     if (cllm_listen_port(s->listen_fd) >= 0)
@@ -335,8 +355,16 @@ stop:
     atomic_store(&s->stopping, true);
     cllm_http_quiesce(s);
     cllm_http_stop(s); /* handlers see `stopping`, cancel their requests and return */
-    if (loader_started)
-        pthread_join(s->loader, NULL);
+    if (loader_started && !join_loader(s)) {
+        /* It may be using anything here: the process's exit ends it, nothing is freed. */
+        cllm_log(CLLM_LOG_WARN,
+                 "the model's loading did not stop within %d s (stuck in a read or a device "
+                 "call?): exiting without it",
+                 LOADER_STOP_S);
+        sigaction(SIGPIPE, &old_pipe, NULL);
+        pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
+        return st;
+    }
     cllm_engine_free(cllm_server_engine(s));
     /* A replaced engine whose device answers again stops like any; one still stuck in the
      * device would never be joined: it is left to the process's exit, with the model files

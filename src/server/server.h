@@ -36,11 +36,14 @@ struct cllm_server_config {
      * process (probe.h), for up to probe_timeout_s seconds; NULL: not tried that way. */
     const char *probe_exe;
     double probe_timeout_s;
-    /* Set by a keeper (keeper.h) in the serving process it starts: > 0, the listening socket
-     * to serve on (host and port are then only for the log); restarts, how many serving
-     * processes died before this one; fallback (or NULL), why this one runs on the CPU
-     * though a GPU was to be used (/health says it). */
+    /* Set by a keeper (keeper.h) in the serving process it starts: listen_fd != 0, the
+     * listening socket to serve on (-1: the keeper handed none over, an error) (host and port are
+     * then only for the log); ready_fd > 0, where to write a byte once ready; restarts, how many
+     * serving processes died before this one; fallback (or NULL), why this one runs on the CPU
+     * though a GPU was to be used
+     * (/health says it). */
     int listen_fd;
+    int ready_fd;
     int restarts;
     const char *fallback;
     struct cllm_engine_config engine;

@@ -1151,18 +1151,45 @@ def test_crash_restart():
         os.rmdir(os.path.dirname(trigger))
 
 
-def test_keeper_gives_up():
-    """A serving process that keeps dying soon after its start (here killed, as by the OOM
-    killer) is restarted after growing pauses, and after five such deaths in a row the keeper
-    gives up: it exits 1 and frees the port, rather than restart forever."""
+def test_keeper_restarts():
+    """The keeper's two rules: a serving process that dies after it was ready (here killed, as
+    by the OOM killer) is always restarted, after pauses that grow while they die soon after
+    their start; one that dies before it was ready (here its model is a FIFO nobody writes
+    to: it never loads) five times in a row is not started again: the keeper exits 1 and
+    frees the port, rather than restart a start that fails forever."""
     srv = Server()
     try:
-        if not check(srv.wait_ready(), "server for the keeper's give-up ready"):
+        if not check(srv.wait_ready(), "server for the keeper's restarts ready"):
             return
         child, t = None, time.monotonic()
         for i in range(5):
             child = serving_child(srv, other_than=child)
-            if not check(child is not None, f"serving process {i + 1} started"):
+            if not check(child is not None, f"serving process {i + 1} found"):
+                return
+            os.kill(child, signal.SIGKILL)
+            srv.statuses = []
+            if not check(srv.wait_ready(timeout=60), f"ready again after death {i + 1}"):
+                return
+        dt = time.monotonic() - t
+        h = json.loads(srv.statuses[-1][1])
+        # paused 0 + 1 + 2 + 4 + 8 s between the five deaths
+        check(h.get("restarts") == 5 and dt >= 15, f"five deaths after ready, five restarts "
+              f"in {dt:.1f} s: {h}")
+        st, _, j = post(srv.port, "/predict", {"prompt": "hi", "max_tokens": 2}, timeout=60)
+        check(st == 200 and isinstance(j.get("response"), str), f"then serves: {st} {j}")
+    finally:
+        rc = srv.stop()
+        check(rc == 0, f"the keeper after five restarts exits 0 on SIGTERM: {rc}")
+
+    d = tempfile.mkdtemp(prefix="cllm-fifo-")
+    fifo = os.path.join(d, "model.gguf")
+    os.mkfifo(fifo)
+    srv = Server("--model", fifo)
+    try:
+        child, t = None, time.monotonic()
+        for i in range(5):
+            child = serving_child(srv, other_than=child)
+            if not check(child is not None, f"loading serving process {i + 1} found"):
                 return
             os.kill(child, signal.SIGKILL)
         try:
@@ -1172,15 +1199,47 @@ def test_keeper_gives_up():
         dt = time.monotonic() - t
         # paused 0 + 1 + 2 + 4 s between the five deaths
         check(rc == 1 and dt >= 7 and nothing_listens(srv.port),
-              f"the keeper gives up after five quick deaths: rc {rc} after {dt:.1f} s")
-        check("5 times in a row within a minute: not starting it again" in srv.text(),
+              f"the keeper gives up after five deaths before ready: rc {rc} after {dt:.1f} s")
+        check("before it was ready, 5 times in a row: not starting it again" in srv.text(),
               "the keeper says why it gave up")
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()
             srv.proc.wait()
         srv.check_no_sanitizer_report()
+        os.unlink(fifo)
+        os.rmdir(d)
 
+
+def test_stuck_loading_sigterm():
+    """SIGTERM while the model's loading is stuck (a FIFO nobody writes to, as a read from a
+    hung mount or a device call that never returns): the server does not wait for it forever;
+    it exits 0 about 10 s later, its serving process with it."""
+    d = tempfile.mkdtemp(prefix="cllm-fifo-")
+    fifo = os.path.join(d, "model.gguf")
+    os.mkfifo(fifo)
+    srv = Server("--model", fifo)
+    try:
+        child = serving_child(srv)
+        st, _, body = request(srv.port, "GET", "/health", timeout=10)
+        check(st == 503 and json.loads(body).get("status") == "loading", f"loading: {st} {body}")
+        t = time.monotonic()
+        srv.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = srv.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            rc = None
+        dt = time.monotonic() - t
+        check(rc == 0 and 9 < dt < 15 and child and not os.path.exists(f"/proc/{child}"),
+              f"SIGTERM while loading is stuck: exit 0 after {dt:.1f} s: {rc}")
+        check("did not stop within 10 s" in srv.text(), "the log says the loading was left")
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+            srv.proc.wait()
+        srv.check_no_sanitizer_report()
+        os.unlink(fifo)
+        os.rmdir(d)
 
 def test_gpu_probe():
     """--device auto first tries the GPU in a child process (src/server/probe.h). Here the GPU
@@ -1292,7 +1351,8 @@ def main():
     test_stall_fail_over()
     test_stall_fail_over_idle()
     test_crash_restart()
-    test_keeper_gives_up()
+    test_keeper_restarts()
+    test_stuck_loading_sigterm()
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 

@@ -12,9 +12,11 @@
  * creates CLLM_FAULT_FILE's file with CLLM_FAULT_ONCE=1), as a GPU that fails at that width.
  */
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "cmd.h"
@@ -169,6 +171,9 @@ int cllm_cmd_probe_device(int argc, char **argv)
         return 2;
     }
     cllm_log_set_level(CLLM_LOG_INFO);
+    /* A probe whose server died (crashed, or killed by its keeper) must not go on holding the
+     * GPU, or hang on: it dies with the thread that started it, which waits for it. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
     /* No GPU starts (the usual case on a CPU machine): nothing more to try. */
     struct cllm_backend_options bo = {CLLM_BACKEND_AUTO, 1, 0, CLLM_CPU_WEIGHTS_STORED};
     struct cllm_backend *be = NULL;

@@ -187,9 +187,12 @@ static int serve(int argc, char **argv, char **args)
             cfg.probe_exe = exe;
     }
     cllm_log_set_level(CLLM_LOG_INFO);
-    char fallback[256];
-    if (cllm_keeper_child(&cfg.listen_fd, &cfg.restarts, fallback, sizeof fallback)) {
-        cfg.fallback = fallback[0] ? fallback : NULL;
+    struct cllm_keeper_child kept;
+    if (cllm_keeper_child(&kept)) {
+        cfg.listen_fd = kept.listen_fd;
+        cfg.ready_fd = kept.ready_fd;
+        cfg.restarts = kept.restarts;
+        cfg.fallback = kept.fallback[0] ? kept.fallback : NULL;
     } else if (keeper && n > 0) {
         const struct cllm_keeper_config k = {
             .exe = exe,
