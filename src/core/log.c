@@ -1,8 +1,10 @@
-/* Level-filtered log lines on stderr, one write per line so threads do not interleave. */
+/* Level-filtered log lines on stderr, one write per line so threads do not interleave. Each
+ * names its process: the server's keeper, the server and its GPU probe share one stderr. */
 #include "core/log.h"
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <unistd.h>
 
 static enum cllm_log_level g_level = CLLM_LOG_INFO;
 
@@ -17,7 +19,7 @@ void cllm_log(enum cllm_log_level level, const char *fmt, ...)
     if (level > g_level)
         return;
     char line[1024];
-    int n = snprintf(line, sizeof line, "cllm %s: ", names[level]);
+    int n = snprintf(line, sizeof line, "cllm[%ld] %s: ", (long)getpid(), names[level]);
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);

@@ -156,6 +156,9 @@ enum cllm_status cllm_metrics_render(struct cllm_metrics *m, const struct cllm_e
     head(&t, "cllm_engine_stalled", "gauge",
          "1 while the current step has run past the stall timeout (the device does not answer).");
     put(&t, "cllm_engine_stalled %d\n", es->stalled ? 1 : 0);
+    head(&t, "cllm_server_restarts_total", "counter",
+         "Serving processes that died of a signal before this one (restarted by the keeper).");
+    put(&t, "cllm_server_restarts_total %d\n", m->restarts);
     enum cllm_status st = t.failed ? CLLM_ERR_NOMEM : cllm_buf_append(out, t.b.data, t.b.len);
     cllm_buf_free(&t.b);
     return st;

@@ -37,6 +37,7 @@ struct cllm_metrics {
     struct cllm_histogram ttft;     /* seconds from submit to the first token */
     struct cllm_histogram itl;      /* mean seconds between tokens of one engine request */
     struct cllm_histogram duration; /* seconds from the first byte of a request to its end */
+    int restarts; /* serving processes that died before this one (keeper.h); set at start */
 };
 
 void cllm_metrics_init(struct cllm_metrics *m);

@@ -303,6 +303,7 @@ enum cllm_status cllm_server_run(const struct cllm_server_config *c, char *err, 
     atomic_init(&s->engine, NULL);
     set_model_name(s);
     cllm_metrics_init(&s->metrics);
+    s->metrics.restarts = s->cfg.restarts;
     pthread_mutex_init(&s->failover_lock, NULL);
     if (s->cfg.fallback)
         snprintf(s->fallback, sizeof s->fallback, "%s", s->cfg.fallback);

@@ -150,6 +150,7 @@ static void test_metrics(void)
     cllm_metrics_count_request(&m, "/predict", 400, 0.001);
     cllm_metrics_observe_generation(&m, 0.2, 0.04);
     cllm_metrics_observe_generation(&m, 0.7, -1);
+    m.restarts = 2;
     struct cllm_engine_stats es = {.running = 2,
                                    .waiting = 3,
                                    .kv_blocks_total = 100,
@@ -173,6 +174,7 @@ static void test_metrics(void)
         "cllm_request_duration_seconds_bucket{le=\"0.5\"} 2\n",
         "cllm_request_duration_seconds_bucket{le=\"+Inf\"} 3\n",
         "cllm_requests_running 2\n",
+        "cllm_server_restarts_total 2\n",
         "cllm_requests_waiting 3\n",
         "cllm_kv_cache_usage_ratio 0.250000\n",
         "cllm_prefix_cache_queries_total 9\n",

@@ -1116,6 +1116,7 @@ def test_crash_restart():
               f"health: on the CPU now, one restart, saying why: {h}")
         st, _, j = post(port, "/predict", {"prompt": ["hi", "1, 2, 3,"], "max_tokens": 4}, timeout=60)
         check(st == 200 and len(j.get("response", [])) == 2, f"later requests are served: {st} {j}")
+        check(metric(port, "cllm_server_restarts_total") == 1, "/metrics counts the restart")
         second = serving_child(srv, other_than=first)
         check(srv.proc.poll() is None and second and second != first,
               f"the keeper stayed, with a new serving process: {first} -> {second}")
