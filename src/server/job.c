@@ -262,19 +262,16 @@ static bool poll_one(struct cllm_job *j, int32_t i, int timeout_ms)
     return done;
 }
 
-/* Request i again on engine `to`, from its prompt and its text so far, with left tokens and
- * time_left seconds (0: no limit) to go. */
-static enum cllm_status resubmit(struct cllm_server *s, struct cllm_job *j, int32_t i,
-                                 struct cllm_engine *to, int32_t left, double time_left,
-                                 struct cllm_request **out)
+enum cllm_status cllm_job_resume(struct cllm_server *s, struct cllm_engine *to, uint64_t id,
+                                 const struct cllm_ids *prompt, const struct cllm_buf *text,
+                                 const struct cllm_request_params *params, int32_t left,
+                                 double time_left, struct cllm_request **out)
 {
     struct cllm_ids ids = {0};
-    const struct cllm_ids *prompt = &j->prompts[i];
-    const struct cllm_buf *text = &j->outs[i].text;
     enum cllm_status st = cllm_ids_append(&ids, prompt->v, prompt->n);
     if (!st && text->len)
         st = cllm_tokenize(s->mf->tok, text->data, text->len, &ids);
-    struct cllm_request_params p = *j->params;
+    struct cllm_request_params p = *params;
     p.max_tokens = left;
     p.max_time = time_left;
     char err[256];
@@ -284,7 +281,7 @@ static enum cllm_status resubmit(struct cllm_server *s, struct cllm_job *j, int3
         cllm_log(CLLM_LOG_ERROR,
                  "request %llu cannot go on on the CPU (%s): it ends with the "
                  "text so far",
-                 (unsigned long long)j->reqs[i]->id, cllm_status_str(st));
+                 (unsigned long long)id, cllm_status_str(st));
     cllm_ids_free(&ids);
     return st;
 }
@@ -311,7 +308,8 @@ static void carry_over(struct cllm_server *s, struct cllm_job *j, int32_t next,
         struct cllm_request *r = NULL;
         enum cllm_status st = CLLM_ERR_RANGE;
         if (j->carried && left > 0 && (deadline <= 0 || now < deadline))
-            st = resubmit(s, j, i, to, left, deadline > 0 ? deadline - now : 0, &r);
+            st = cllm_job_resume(s, to, old->id, &j->prompts[i], &o->text, j->params, left,
+                                 deadline > 0 ? deadline - now : 0, &r);
         cllm_request_cancel(old);
         if (st) {
             o->finished = true;

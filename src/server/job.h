@@ -85,6 +85,14 @@ enum cllm_status cllm_job_submit(struct cllm_server *s, struct cllm_job *j,
  * text they have. */
 enum cllm_job_end cllm_job_wait(struct cllm_server *s, struct cllm_job *j, int fd);
 
+/* Request `id` again, on engine `to` after its own stalled (cllm_job_wait, streams): its prompt
+ * and the text it has so far, re-tokenized, as the new prompt, with params but `left` tokens
+ * and time_left seconds (0: no limit) to go. Logs why when it cannot. */
+enum cllm_status cllm_job_resume(struct cllm_server *s, struct cllm_engine *to, uint64_t id,
+                                 const struct cllm_ids *prompt, const struct cllm_buf *text,
+                                 const struct cllm_request_params *params, int32_t left,
+                                 double time_left, struct cllm_request **out);
+
 /* Whether a handler stops waiting for r, whose output so far is o: r is 5 s past its max_time
  * (the engine ends it at its next step, which a stalled device may never reach), or stalled
  * says why the engine is stuck (cllm_engine_stalled; NULL: it is not). Then o ends as if by

@@ -68,14 +68,17 @@ static pid_t start_child(const char *exe, char **argv, int *ready)
     return pid;
 }
 
-/* Waits for the child to end, passing SIGINT/SIGTERM on to it (*stop_sig: the first such). */
+/* Waits for the child to end, passing SIGINT/SIGTERM on to it (*stop_sig: the first such).
+ * Reaps any other child too: as a container's first process the keeper inherits orphans (a
+ * GPU probe whose server died), which would otherwise stay zombies. */
 static int wait_child(pid_t pid, const sigset_t *sigs, int *stop_sig)
 {
     for (;;) {
         int status = 0;
-        pid_t got = waitpid(pid, &status, WNOHANG);
-        if (got == pid)
-            return status;
+        pid_t got;
+        while ((got = waitpid(-1, &status, WNOHANG)) > 0)
+            if (got == pid)
+                return status;
         if (got < 0 && errno != EINTR) {
             cllm_log(CLLM_LOG_ERROR, "keeper: waiting for the serving process: %s",
                      strerror(errno));

@@ -55,7 +55,16 @@ struct stream {
     struct cllm_server *s;
     struct cllm_request *req; /* our own reference */
     struct cllm_engine *engine; /* the engine it runs on */
-    struct cllm_request_output out;
+    struct cllm_request_output out; /* counts include what `carried` says */
+    /* To go on on the CPU when the engine stalls (cllm_job_resume): the request's prompt,
+     * settings and stop strings (copies: the request's JSON is gone by then), the text sent
+     * so far, and the tokens generated before the move. can_resume: the copies were made. */
+    struct cllm_ids prompt;
+    struct cllm_request_params params;
+    char **stops;
+    struct cllm_buf said;
+    int32_t carried;
+    bool can_resume;
     enum api_kind kind;
     char id[64];
     int64_t created;
@@ -131,14 +140,50 @@ static void put_error(struct stream *st, const char *msg)
     put_event(st, o);
 }
 
-/* As a whole answer would (cllm_job_give_up): past max_time and its grace, or while the
- * engine is stalled, the stream ends with the text it has. (It does not go on on the CPU as a
- * whole answer may: its chunks are sent already, and its stop strings were in the request's
- * JSON, which is gone.) */
+/* The server moved to engine `to` from the stream's stalled one (cllm_server_fail_over): the
+ * stream goes on there from the text it has sent, with what is left of its tokens and time.
+ * False when it cannot: it then ends with that text. */
+static bool go_on(struct stream *st, struct cllm_engine *to)
+{
+    st->engine = to;
+    const double now = cllm_now(), deadline = st->req->deadline; /* read-only since submit */
+    const int32_t left = st->params.max_tokens - st->out.n_generated;
+    struct cllm_request *r = NULL;
+    enum cllm_status rc = CLLM_ERR_RANGE;
+    if (st->can_resume && left > 0 && (deadline <= 0 || now < deadline))
+        rc = cllm_job_resume(st->s, to, st->req->id, &st->prompt, &st->said, &st->params, left,
+                             deadline > 0 ? deadline - now : 0, &r);
+    cllm_request_cancel(st->req); /* a stuck engine that answers again drops it */
+    if (rc) {
+        st->out.finished = true;
+        st->out.reason = left > 0 ? CLLM_FINISH_TIME : CLLM_FINISH_LENGTH;
+        st->out.t_finish = now;
+        return false;
+    }
+    cllm_request_release(st->req);
+    st->req = r;
+    st->carried = st->out.n_generated;
+    cllm_log(CLLM_LOG_INFO, "a stream goes on on the CPU from the text it had");
+    return true;
+}
+
+/* As a whole answer would (cllm_job_wait): while the engine is stalled the stream goes on on
+ * the CPU if the server can move there (or has), else, and past max_time and its grace, it
+ * ends with the text it has. Returns whether it ended. */
 static bool give_up(struct stream *st)
 {
+    struct cllm_engine *current = cllm_server_engine(st->s);
+    if (current != st->engine && !go_on(st, current)) /* another handler moved the server */
+        return true;
     char why[256];
     const char *stalled = cllm_engine_stalled(st->engine, why, sizeof why) ? why : NULL;
+    if (stalled) {
+        struct cllm_engine *to = cllm_server_fail_over(st->s, st->engine, why);
+        if (to && !go_on(st, to))
+            return true;
+        if (to)
+            stalled = NULL;
+    }
     if (!cllm_job_give_up(st->req, &st->out, stalled, cllm_now()))
         return false;
     if (stalled)
@@ -167,9 +212,17 @@ static bool produce(struct stream *st)
     }
     for (;;) {
         st->out.text.len = 0;
-        st->finished = cllm_request_poll(st->req, 50, &st->out) || give_up(st);
-        if (st->out.text.len)
+        const bool done = cllm_request_poll(st->req, 50, &st->out);
+        if (st->carried) { /* counts on the CPU start from the text carried over */
+            st->out.n_prompt = (int32_t)st->prompt.n;
+            st->out.n_generated += st->carried;
+        }
+        if (st->out.text.len) {
             put_chunk(st, st->out.text.data, st->out.text.len, false, NULL);
+            if (st->can_resume && cllm_buf_append(&st->said, st->out.text.data, st->out.text.len))
+                st->can_resume = false;
+        }
+        st->finished = done || give_up(st);
         if (st->pending.len || st->finished)
             return true;
         if (atomic_load(&st->s->stopping) || cllm_http_peer_gone(st->fd)) {
@@ -212,7 +265,31 @@ static void stream_free(void *cls)
     cllm_request_release(st->req);
     cllm_buf_free(&st->out.text);
     cllm_buf_free(&st->pending);
+    cllm_buf_free(&st->said);
+    cllm_ids_free(&st->prompt);
+    for (size_t i = 0; st->stops && i < st->params.n_stop; i++)
+        free(st->stops[i]);
+    free(st->stops);
     free(st);
+}
+
+/* The copies a stream needs to go on on another engine (struct stream): false when out of
+ * memory (the stream then cannot). */
+static bool keep_for_resume(struct stream *st, const struct cllm_ids *prompt,
+                            const struct cllm_request_params *p)
+{
+    st->params = *p;
+    st->params.stop = NULL;
+    st->params.n_stop = 0;
+    if (p->n_stop && !(st->stops = calloc(p->n_stop, sizeof *st->stops)))
+        return false;
+    for (size_t i = 0; i < p->n_stop; i++) {
+        if (!(st->stops[i] = strdup(p->stop[i])))
+            return false;
+        st->params.n_stop = i + 1; /* what stream_free frees */
+    }
+    st->params.stop = (const char *const *)st->stops;
+    return cllm_ids_append(&st->prompt, prompt->v, prompt->n) == CLLM_OK;
 }
 
 static enum MHD_Result start_stream(struct cllm_server *s, struct cllm_http_req *hr,
@@ -230,6 +307,7 @@ static enum MHD_Result start_stream(struct cllm_server *s, struct cllm_http_req 
     st->created = (int64_t)time(NULL);
     st->fd = hr->fd;
     st->t_last = cllm_now();
+    st->can_resume = keep_for_resume(st, &hr->job.prompts[0], hr->job.params);
     struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024,
                                                                   stream_read, st, stream_free);
     if (!resp) {

@@ -988,11 +988,43 @@ def test_stall_timeout():
         stop_fault_server(srv, trigger, "the server past its stall timeout")
 
 
+def stream_chat(port, body, on_chunk=None):
+    """A streamed chat answer read as it comes -> (its text, finish_reason, completion tokens);
+    on_chunk(n) runs after the n-th chunk with text."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        c.request("POST", "/v1/chat/completions", body=json.dumps({**body, "stream": True}),
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        text, finish, n_tokens, n = "", None, None, 0
+        while True:
+            line = r.readline()
+            if not line:
+                break
+            line = line.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            ev = json.loads(line[6:])
+            choice = ev["choices"][0]
+            piece = choice.get("delta", {}).get("content") or ""
+            if piece:
+                text += piece
+                n += 1
+                if on_chunk:
+                    on_chunk(n)
+            if choice.get("finish_reason"):
+                finish, n_tokens = choice["finish_reason"], ev["usage"]["completion_tokens"]
+        return text, finish, n_tokens
+    finally:
+        c.close()
+
+
 def test_stall_fail_over():
     """--device auto on a "GPU" that stops answering (--stall-timeout 3): once the engine counts
     as stalled, the server starts an engine on the CPU and the requests in flight go on there
     from the text they have: a greedy /predict list gets the same answers as before the stall,
-    and the server serves on from the CPU, healthy, while the stuck engine waits."""
+    and so does a greedy stream the stall caught half-way, and the server serves on from the
+    CPU, healthy, while the stuck engine waits."""
     srv, trigger = stalling_server("--gpu-probe-timeout", "0", "--stall-timeout", "3")
     try:
         if not check(srv.wait_ready(), "server on a 'GPU' that can stall ready"):
@@ -1004,13 +1036,28 @@ def test_stall_fail_over():
         if not check(st == 200 and len(want.get("response", [])) == 3,
                      f"answers before the stall: {st} {want}"):
             return
-        open(trigger, "w").close()
+        sbody = {"messages": [{"role": "user", "content": "Name three colors."}], "max_tokens": 24,
+                 "temperature": 0, "stop": ["never in the answer"]}
+        want_s = stream_chat(port, sbody)
+        # the stall begins after the stream's third chunk; the batch comes while it lasts
+        results = {}
+        th = in_thread(results, "stream", stream_chat, port, sbody,
+                       lambda n: n == 3 and open(trigger, "w").close())
+        deadline = time.monotonic() + 60
+        while not os.path.exists(trigger) and time.monotonic() < deadline and th.is_alive():
+            time.sleep(0.01)
         t = time.monotonic()
         st, _, got = post(port, "/predict", body, timeout=120)
         dt = time.monotonic() - t
+        th.join()
         check(st == 200 and got == want,
               f"the stalled batch goes on on the CPU, same answers ({dt:.1f} s): {st}\n"
               f"  got  {got}\n  want {want}")
+        got_s = results.get("stream", (None, 0))[0]
+        check(got_s == want_s,
+              f"the stream the stall caught half-way goes on on the CPU, same text and "
+              f"finish_reason: got {got_s}, want {want_s}")
+        check("a stream goes on on the CPU" in srv.text(), "the log says the stream moved")
         st, _, h = request(port, "GET", "/health")
         h = json.loads(h)
         check(st == 200 and h.get("backend") == "cpu" and "does not answer" in h.get("fallback", ""),
