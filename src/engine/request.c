@@ -52,6 +52,10 @@ enum cllm_status cllm_request_new(struct cllm_request **out, uint64_t id, const 
         if (prompt[i] < 0 || prompt[i] >= n_vocab)
             return cllm_fail(err, err_len, CLLM_ERR_RANGE, "prompt token %d is not in [0, %d)",
                              (int)prompt[i], (int)n_vocab);
+    if (p->n_carried < 0 || p->n_carried > n_prompt)
+        return cllm_fail(err, err_len, CLLM_ERR_RANGE,
+                         "n_carried must be in [0, %d] (the prompt's length), got %d",
+                         (int)n_prompt, (int)p->n_carried);
     if (!(p->max_time >= 0 && p->max_time <= 1e9)) /* (NaN fails too) */
         return cllm_fail(err, err_len, CLLM_ERR_RANGE,
                          "max_time must be a number of seconds in [0, 1e9], got %g", p->max_time);
@@ -80,6 +84,9 @@ enum cllm_status cllm_request_new(struct cllm_request **out, uint64_t id, const 
     if (cllm_sampler_new(&r->sampler, &p->sampling, n_vocab, prompt, (size_t)n_prompt) ||
         cllm_stop_new(&r->stop, p->stop, NULL, p->n_stop))
         goto nomem;
+    for (int32_t i = n_prompt - p->n_carried; i < n_prompt; i++)
+        if (cllm_sampler_accept(r->sampler, prompt[i]))
+            goto nomem;
     cllm_detok_stream_init(&r->detok, tok, true);
     r->out.n_prompt = n_prompt;
     r->out.t_submit = cllm_now();

@@ -42,6 +42,9 @@ struct cllm_request_params {
     size_t n_stop;
     double max_time; /* > 0: seconds after submit at which the request ends with the text so
                         far, waiting or running (within a step); 0: no limit */
+    int32_t n_carried; /* the prompt's last n_carried tokens were generated on an engine the
+                          request left (a stalled GPU's): the presence and frequency penalties
+                          count them as generated; 0: none */
 };
 
 enum cllm_request_state {

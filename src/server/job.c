@@ -274,6 +274,7 @@ enum cllm_status cllm_job_resume(struct cllm_server *s, struct cllm_engine *to, 
     struct cllm_request_params p = *params;
     p.max_tokens = left;
     p.max_time = time_left;
+    p.n_carried = (int32_t)(ids.n - prompt->n); /* the penalties go on counting them */
     char err[256];
     if (!st)
         st = cllm_engine_submit(to, ids.v, (int32_t)ids.n, &p, out, err, sizeof err);

@@ -80,9 +80,9 @@ enum cllm_status cllm_job_submit(struct cllm_server *s, struct cllm_job *j,
  * (cllm_server_fail_over), each unfinished request goes on there: its prompt and the text it
  * has so far, re-tokenized, become the new prompt, with what is left of its max_tokens and
  * max_time. Greedy answers come out as they would have (the tokens may be split differently
- * where the text is cut); a sampled one draws anew from there, and presence and frequency
- * penalties no longer count the tokens before the move. Otherwise the requests end with the
- * text they have. */
+ * where the text is cut; the presence and frequency penalties go on counting the tokens of
+ * the text before the move, cllm_request_params.n_carried); a sampled one draws anew from
+ * there. Otherwise the requests end with the text they have. */
 enum cllm_job_end cllm_job_wait(struct cllm_server *s, struct cllm_job *j, int fd);
 
 /* Request `id` again, on engine `to` after its own stalled (cllm_job_wait, streams): its prompt

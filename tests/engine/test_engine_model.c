@@ -577,6 +577,80 @@ static void test_penalties_run_ahead(void)
     CHECKF(changed > 0, "the penalties changed no answer (were they used?)");
 }
 
+/* One request's text: prompt, greedy under sp, at most max_tokens, its last n_carried prompt
+ * tokens counted as generated (cllm_request_params.n_carried). */
+static struct cllm_buf answer(struct cllm_engine *e, const struct cllm_ids *prompt,
+                              const struct cllm_sampling_params *sp, int32_t max_tokens,
+                              int32_t n_carried)
+{
+    struct cllm_request_params p;
+    params(&p, max_tokens);
+    p.sampling = *sp;
+    p.n_carried = n_carried;
+    struct cllm_request *r = NULL;
+    struct cllm_request_output out = {0};
+    char err[256] = "";
+    CHECKF(cllm_engine_submit(e, prompt->v, (int32_t)prompt->n, &p, &r, err, sizeof err) == CLLM_OK,
+           "%s", err);
+    if (r) {
+        while (!cllm_request_poll(r, -1, &out))
+            ;
+        cllm_request_release(r);
+    }
+    return out.text;
+}
+
+/* A request that goes on elsewhere from its text so far (the server after a stall) keeps its
+ * presence and frequency penalties: with the tokens before the move counted as generated
+ * (n_carried), its answer goes on as the whole answer did; without, it differs somewhere. */
+static void test_carried_penalties(void)
+{
+    enum { N = 4, FIRST = 8 };
+    struct cllm_sampling_params sp;
+    cllm_sampling_params_default(&sp);
+    sp.presence_penalty = 1.0f;
+    sp.frequency_penalty = 0.5f;
+    struct cllm_engine *e = engine(0, 256, 512, 0);
+    if (!e)
+        return;
+    int forgot_differs = 0;
+    for (int i = 0; i < N; i++) {
+        struct cllm_buf whole = answer(e, &prompts[i], &sp, GEN, 0);
+        struct cllm_buf first = answer(e, &prompts[i], &sp, FIRST, 0);
+        struct cllm_ids moved = {0};
+        cllm_ids_append(&moved, prompts[i].v, prompts[i].n);
+        cllm_tokenize(mf->tok, first.data, first.len, &moved);
+        const int32_t n_carried = (int32_t)(moved.n - prompts[i].n);
+        struct cllm_buf rest = answer(e, &moved, &sp, GEN - n_carried, n_carried);
+        struct cllm_buf forgot = answer(e, &moved, &sp, GEN - n_carried, 0);
+        struct cllm_buf both = {0};
+        cllm_buf_append(&both, first.data, first.len);
+        cllm_buf_append(&both, rest.data, rest.len);
+        CHECKF(first.len > 0 && both.len == whole.len && !memcmp(both.data, whole.data, whole.len),
+               "question %d: carried with its %d tokens counted, the answer differs:\n"
+               "  whole: %s\n  moved: %s",
+               i, (int)n_carried, whole.data, both.data);
+        forgot_differs += forgot.len != rest.len || memcmp(forgot.data, rest.data, rest.len);
+        cllm_buf_free(&whole);
+        cllm_buf_free(&first);
+        cllm_buf_free(&rest);
+        cllm_buf_free(&forgot);
+        cllm_buf_free(&both);
+        cllm_ids_free(&moved);
+    }
+    CHECKF(forgot_differs > 0, "not counting the carried tokens changed no answer");
+    /* more carried tokens than the prompt has: refused */
+    struct cllm_request_params p;
+    params(&p, 4);
+    p.n_carried = (int32_t)prompts[0].n + 1;
+    struct cllm_request *r = NULL;
+    char err[256] = "";
+    CHECK(cllm_engine_submit(e, prompts[0].v, (int32_t)prompts[0].n, &p, &r, err, sizeof err) ==
+              CLLM_ERR_RANGE &&
+          strstr(err, "n_carried") != NULL);
+    cllm_engine_free(e);
+}
+
 /* The cancel and limit tests' engine (context 128, a queue of 2; run_ahead > 0 forces overlap
  * and run-ahead on, else both off) and their requests: 100 tokens, no stop token. */
 static struct cllm_engine *small_engine(int32_t run_ahead, struct cllm_request_params *p)
@@ -737,6 +811,7 @@ int main(void)
     test_invariance();
     test_sampled_invariance();
     test_penalties_run_ahead();
+    test_carried_penalties();
     test_cancel_and_limits();
     test_max_time(-1);
     test_max_time(1);
