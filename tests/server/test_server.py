@@ -9,6 +9,7 @@ and SIGTERM. Paths come from CTest's environment (CLLM_BIN, CLLM_TEST_GGUF, CLLM
 CLLM_SERVER_MODEL, when set, is served instead of CLLM_TEST_GGUF (the ThreadSanitizer suite
 serves the micro model: the checks hold for any model, and the real one is too slow there).
 A sanitizer's report in a server's log fails the test, whatever the server answered."""
+import contextlib
 import copy
 import http.client
 import json
@@ -1116,6 +1117,14 @@ def serving_child(srv, other_than=None, timeout=60):
     return None
 
 
+def exit_code(proc, timeout):
+    """proc's exit status once it ended, or None if it runs past timeout seconds."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+
+
 def nothing_listens(port):
     try:
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
@@ -1185,10 +1194,7 @@ def test_crash_restart():
             post(srv.port, "/predict", {"prompt": "hi", "max_tokens": 4}, timeout=60)
         except OSError:
             pass
-        try:
-            rc = srv.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            rc = None
+        rc = exit_code(srv.proc, 10)
         check(rc == -signal.SIGABRT and nothing_listens(srv.port),
               f"--no-keeper: the crash ends the server: {rc}")
     finally:
@@ -1197,6 +1203,24 @@ def test_crash_restart():
             srv.proc.wait()
         srv.check_no_sanitizer_report()
         os.rmdir(os.path.dirname(trigger))
+
+
+@contextlib.contextmanager
+def server_on_fifo():
+    """A server whose model is a FIFO nobody writes to: its loading never ends."""
+    d = tempfile.mkdtemp(prefix="cllm-fifo-")
+    fifo = os.path.join(d, "model.gguf")
+    os.mkfifo(fifo)
+    srv = Server("--model", fifo)
+    try:
+        yield srv
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+            srv.proc.wait()
+        srv.check_no_sanitizer_report()
+        os.unlink(fifo)
+        os.rmdir(d)
 
 
 def test_keeper_restarts():
@@ -1229,65 +1253,38 @@ def test_keeper_restarts():
         rc = srv.stop()
         check(rc == 0, f"the keeper after five restarts exits 0 on SIGTERM: {rc}")
 
-    d = tempfile.mkdtemp(prefix="cllm-fifo-")
-    fifo = os.path.join(d, "model.gguf")
-    os.mkfifo(fifo)
-    srv = Server("--model", fifo)
-    try:
+    with server_on_fifo() as srv:
         child, t = None, time.monotonic()
         for i in range(5):
             child = serving_child(srv, other_than=child)
             if not check(child is not None, f"loading serving process {i + 1} found"):
                 return
             os.kill(child, signal.SIGKILL)
-        try:
-            rc = srv.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            rc = None
+        rc = exit_code(srv.proc, 60)
         dt = time.monotonic() - t
         # paused 0 + 1 + 2 + 4 s between the five deaths
         check(rc == 1 and dt >= 7 and nothing_listens(srv.port),
               f"the keeper gives up after five deaths before ready: rc {rc} after {dt:.1f} s")
         check("before it was ready, 5 times in a row: not starting it again" in srv.text(),
               "the keeper says why it gave up")
-    finally:
-        if srv.proc.poll() is None:
-            srv.proc.kill()
-            srv.proc.wait()
-        srv.check_no_sanitizer_report()
-        os.unlink(fifo)
-        os.rmdir(d)
 
 
 def test_stuck_loading_sigterm():
     """SIGTERM while the model's loading is stuck (a FIFO nobody writes to, as a read from a
     hung mount or a device call that never returns): the server does not wait for it forever;
     it exits 0 about 10 s later, its serving process with it."""
-    d = tempfile.mkdtemp(prefix="cllm-fifo-")
-    fifo = os.path.join(d, "model.gguf")
-    os.mkfifo(fifo)
-    srv = Server("--model", fifo)
-    try:
+    with server_on_fifo() as srv:
         child = serving_child(srv)
         st, _, body = request(srv.port, "GET", "/health", timeout=10)
         check(st == 503 and json.loads(body).get("status") == "loading", f"loading: {st} {body}")
         t = time.monotonic()
         srv.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = srv.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            rc = None
+        rc = exit_code(srv.proc, 30)
         dt = time.monotonic() - t
         check(rc == 0 and 9 < dt < 15 and child and not os.path.exists(f"/proc/{child}"),
               f"SIGTERM while loading is stuck: exit 0 after {dt:.1f} s: {rc}")
         check("did not stop within 10 s" in srv.text(), "the log says the loading was left")
-    finally:
-        if srv.proc.poll() is None:
-            srv.proc.kill()
-            srv.proc.wait()
-        srv.check_no_sanitizer_report()
-        os.unlink(fifo)
-        os.rmdir(d)
+
 
 def test_gpu_probe():
     """--device auto first tries the GPU in a child process (src/server/probe.h). Here the GPU
@@ -1337,10 +1334,7 @@ def test_sigterm(srv):
     buf = s.recv(4096)
     t = time.monotonic()
     srv.proc.send_signal(signal.SIGTERM)
-    try:
-        rc = srv.proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        rc = None
+    rc = exit_code(srv.proc, 10)
     dt = time.monotonic() - t
     check(rc == 0 and dt < 5, f"SIGTERM -> exit 0 within 5 s: rc {rc} after {dt:.1f} s")
     s.settimeout(5)
