@@ -200,7 +200,8 @@ int cllm_keeper_run(const struct cllm_keeper_config *c)
         snprintf(why, sizeof why,
                  "the serving process died of signal %d (%s) after %.0f s: restart %d%s", sig,
                  strsignal(sig), lived, restarts, c->restart_on_cpu ? ", on the CPU" : "");
-        cllm_log(CLLM_LOG_ERROR, "keeper: %s; the requests it was answering are lost", why);
+        cllm_log(CLLM_LOG_ERROR, "keeper: %s; %s", why,
+                 was_ready ? "the requests it was answering are lost" : "it was not ready yet");
         if (c->restart_on_cpu && argv[n] == NULL) {
             argv[n] = "--device";
             argv[n + 1] = "cpu";

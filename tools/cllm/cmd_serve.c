@@ -193,7 +193,10 @@ static int serve(int argc, char **argv, char **args)
         cfg.ready_fd = kept.ready_fd;
         cfg.restarts = kept.restarts;
         cfg.fallback = kept.fallback[0] ? kept.fallback : NULL;
-    } else if (keeper && n > 0) {
+    } else if (keeper && n <= 0) {
+        cllm_log(CLLM_LOG_WARN, "cannot find this binary (/proc/self/exe): serving without a "
+                                "keeper, so a crash ends the server");
+    } else if (keeper) {
         const struct cllm_keeper_config k = {
             .exe = exe,
             .argc = argc,
