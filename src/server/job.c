@@ -262,29 +262,41 @@ static bool poll_one(struct cllm_job *j, int32_t i, int timeout_ms)
     return done;
 }
 
-enum cllm_status cllm_job_resume(struct cllm_server *s, struct cllm_engine *to, uint64_t id,
-                                 const struct cllm_ids *prompt, const struct cllm_buf *text,
-                                 const struct cllm_request_params *params, int32_t left,
-                                 double time_left, struct cllm_request **out)
+struct cllm_request *cllm_job_resume(struct cllm_server *s, struct cllm_engine *to,
+                                     struct cllm_request *old, struct cllm_request_output *o,
+                                     const struct cllm_ids *prompt, const struct cllm_buf *text,
+                                     const struct cllm_request_params *params)
 {
-    struct cllm_ids ids = {0};
-    enum cllm_status st = cllm_ids_append(&ids, prompt->v, prompt->n);
-    if (!st && text->len)
-        st = cllm_tokenize(s->mf->tok, text->data, text->len, &ids);
-    struct cllm_request_params p = *params;
-    p.max_tokens = left;
-    p.max_time = time_left;
-    p.n_carried = (int32_t)(ids.n - prompt->n); /* the penalties go on counting them */
-    char err[256];
-    if (!st)
-        st = cllm_engine_submit(to, ids.v, (int32_t)ids.n, &p, out, err, sizeof err);
-    if (st)
-        cllm_log(CLLM_LOG_ERROR,
-                 "request %llu cannot go on on the CPU (%s): it ends with the "
-                 "text so far",
-                 (unsigned long long)id, cllm_status_str(st));
-    cllm_ids_free(&ids);
-    return st;
+    const double now = cllm_now(), deadline = old->deadline; /* read-only since submit */
+    const int32_t left = params->max_tokens - o->n_generated;
+    struct cllm_request *r = NULL;
+    enum cllm_status st = CLLM_ERR_RANGE;
+    if (prompt && left > 0 && (deadline <= 0 || now < deadline)) {
+        struct cllm_ids ids = {0};
+        st = cllm_ids_append(&ids, prompt->v, prompt->n);
+        if (!st && text->len)
+            st = cllm_tokenize(s->mf->tok, text->data, text->len, &ids);
+        struct cllm_request_params p = *params;
+        p.max_tokens = left;
+        p.max_time = deadline > 0 ? deadline - now : 0;
+        p.n_carried = (int32_t)(ids.n - prompt->n); /* the penalties go on counting them */
+        char err[256];
+        if (!st)
+            st = cllm_engine_submit(to, ids.v, (int32_t)ids.n, &p, &r, err, sizeof err);
+        if (st)
+            cllm_log(CLLM_LOG_ERROR,
+                     "request %llu cannot go on on the CPU (%s): it ends with the text so far",
+                     (unsigned long long)old->id, cllm_status_str(st));
+        cllm_ids_free(&ids);
+    }
+    cllm_request_cancel(old); /* a stuck engine that answers again drops it */
+    if (st) {
+        o->finished = true;
+        o->reason = left > 0 ? CLLM_FINISH_TIME : CLLM_FINISH_LENGTH;
+        o->t_finish = now;
+        return NULL;
+    }
+    return r;
 }
 
 /* The server moved to engine `to` (cllm_server_fail_over) from the stalled j->engine: every
@@ -297,27 +309,16 @@ static void carry_over(struct cllm_server *s, struct cllm_job *j, int32_t next,
     j->engine = to;
     if (!j->carried)
         j->carried = cllm_calloc_array((size_t)j->n, sizeof *j->carried);
-    const double now = cllm_now();
     int32_t moved = 0;
     for (int32_t i = next; i < j->n; i++) {
         struct cllm_request_output *o = &j->outs[i];
         struct cllm_request *old = j->reqs[i];
         if (o->finished || poll_one(j, i, 0)) /* (it may have ended since the last poll) */
             continue;
-        const double deadline = old->deadline; /* set at submit, read-only since */
-        const int32_t left = j->params->max_tokens - o->n_generated;
-        struct cllm_request *r = NULL;
-        enum cllm_status st = CLLM_ERR_RANGE;
-        if (j->carried && left > 0 && (deadline <= 0 || now < deadline))
-            st = cllm_job_resume(s, to, old->id, &j->prompts[i], &o->text, j->params, left,
-                                 deadline > 0 ? deadline - now : 0, &r);
-        cllm_request_cancel(old);
-        if (st) {
-            o->finished = true;
-            o->reason = left > 0 ? CLLM_FINISH_TIME : CLLM_FINISH_LENGTH;
-            o->t_finish = now;
+        struct cllm_request *r =
+            cllm_job_resume(s, to, old, o, j->carried ? &j->prompts[i] : NULL, &o->text, j->params);
+        if (!r)
             continue;
-        }
         cllm_request_release(old);
         j->reqs[i] = r;
         j->carried[i] = o->n_generated;

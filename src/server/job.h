@@ -85,13 +85,16 @@ enum cllm_status cllm_job_submit(struct cllm_server *s, struct cllm_job *j,
  * there. Otherwise the requests end with the text they have. */
 enum cllm_job_end cllm_job_wait(struct cllm_server *s, struct cllm_job *j, int fd);
 
-/* Request `id` again, on engine `to` after its own stalled (cllm_job_wait, streams): its prompt
- * and the text it has so far, re-tokenized, as the new prompt, with params but `left` tokens
- * and time_left seconds (0: no limit) to go. Logs why when it cannot. */
-enum cllm_status cllm_job_resume(struct cllm_server *s, struct cllm_engine *to, uint64_t id,
-                                 const struct cllm_ids *prompt, const struct cllm_buf *text,
-                                 const struct cllm_request_params *params, int32_t left,
-                                 double time_left, struct cllm_request **out);
+/* Request `old`, whose output so far is o, again on engine `to` after its own stalled
+ * (cllm_job_wait, streams): prompt and the text it has so far, re-tokenized, become the new
+ * prompt, with params but what is left of its max_tokens and max_time, the penalties counting
+ * that text's tokens (n_carried). old is cancelled. Returns the new request, or NULL when
+ * prompt is NULL (the caller could not keep it), nothing is left or it cannot be submitted
+ * (logged): o then ends with the text it has, as by max_time or max_tokens. */
+struct cllm_request *cllm_job_resume(struct cllm_server *s, struct cllm_engine *to,
+                                     struct cllm_request *old, struct cllm_request_output *o,
+                                     const struct cllm_ids *prompt, const struct cllm_buf *text,
+                                     const struct cllm_request_params *params);
 
 /* Whether a handler stops waiting for r, whose output so far is o: r is 5 s past its max_time
  * (the engine ends it at its next step, which a stalled device may never reach), or stalled

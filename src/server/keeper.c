@@ -107,6 +107,13 @@ static int pause_unless_stopped(const sigset_t *sigs, double s)
     return 0;
 }
 
+/* Seconds to wait before restarting after the n-th death in a row, so that a process that
+ * keeps dying is not restarted in a tight loop: 0, 1, 2, 4 ... up to MAX_PAUSE_S. */
+static int pause_before_restart(int n)
+{
+    return n < 2 ? 0 : n > 6 ? MAX_PAUSE_S : 1 << (n - 2); /* (n = 6: 16 s) */
+}
+
 static void unset_env(void)
 {
     unsetenv(CLLM_KEEPER_ENV_FD);
@@ -174,8 +181,7 @@ int cllm_keeper_run(const struct cllm_keeper_config *c)
             break;
         }
         const double lived = cllm_now() - t0;
-        /* Not restarted in a tight loop: pauses of 0, 1, 2, 4 ... s between quick deaths. */
-        int pause_s;
+        int deaths_in_a_row; /* of the kind this one is: before ready, or quick after it */
         if (!was_ready) {
             if (++failed_starts >= FAILED_STARTS_MAX) {
                 cllm_log(CLLM_LOG_ERROR,
@@ -185,16 +191,13 @@ int cllm_keeper_run(const struct cllm_keeper_config *c)
                 rc = 1;
                 break;
             }
-            pause_s = failed_starts > 1 ? 1 << (failed_starts - 2) : 0;
+            deaths_in_a_row = failed_starts;
         } else {
             failed_starts = 0;
             quick_deaths = lived < QUICK_DEATH_S ? quick_deaths + 1 : 1;
-            pause_s = quick_deaths < 2   ? 0
-                      : quick_deaths > 7 ? MAX_PAUSE_S
-                                         : 1 << (quick_deaths - 2);
-            if (pause_s > MAX_PAUSE_S)
-                pause_s = MAX_PAUSE_S;
+            deaths_in_a_row = quick_deaths;
         }
+        const int pause_s = pause_before_restart(deaths_in_a_row);
         restarts++;
         char why[256];
         snprintf(why, sizeof why,

@@ -146,20 +146,10 @@ static void put_error(struct stream *st, const char *msg)
 static bool go_on(struct stream *st, struct cllm_engine *to)
 {
     st->engine = to;
-    const double now = cllm_now(), deadline = st->req->deadline; /* read-only since submit */
-    const int32_t left = st->params.max_tokens - st->out.n_generated;
-    struct cllm_request *r = NULL;
-    enum cllm_status rc = CLLM_ERR_RANGE;
-    if (st->can_resume && left > 0 && (deadline <= 0 || now < deadline))
-        rc = cllm_job_resume(st->s, to, st->req->id, &st->prompt, &st->said, &st->params, left,
-                             deadline > 0 ? deadline - now : 0, &r);
-    cllm_request_cancel(st->req); /* a stuck engine that answers again drops it */
-    if (rc) {
-        st->out.finished = true;
-        st->out.reason = left > 0 ? CLLM_FINISH_TIME : CLLM_FINISH_LENGTH;
-        st->out.t_finish = now;
+    struct cllm_request *r = cllm_job_resume(
+        st->s, to, st->req, &st->out, st->can_resume ? &st->prompt : NULL, &st->said, &st->params);
+    if (!r)
         return false;
-    }
     cllm_request_release(st->req);
     st->req = r;
     st->carried = st->out.n_generated;

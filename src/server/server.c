@@ -327,8 +327,9 @@ enum cllm_status cllm_server_run(const struct cllm_server_config *c, char *err, 
     if (s->cfg.listen_fd != 0)
         s->listen_fd = s->cfg.listen_fd;
     /* With --port 0 the kernel picked one; report that. */
-    if (cllm_listen_port(s->listen_fd) >= 0)
-        s->cfg.port = cllm_listen_port(s->listen_fd);
+    const int port = cllm_listen_port(s->listen_fd);
+    if (port >= 0)
+        s->cfg.port = port;
     if ((st = cllm_http_start(s, err, err_len))) {
         close(s->listen_fd);
         goto out;
