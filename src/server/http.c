@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "core/log.h"
+#include "server/custody.h"
 #include "server/routes.h"
 
 static const struct cllm_route routes[] = {
@@ -79,6 +80,7 @@ enum MHD_Result cllm_http_reply_response(struct cllm_http_req *hr, unsigned stat
         MHD_add_response_header(resp, "Retry-After", "1");
     else if (status == 503)
         MHD_add_response_header(resp, "Retry-After", "5");
+    cllm_custody_release(hr->srv, hr); /* before a byte of it can reach the client */
     enum MHD_Result ret = MHD_queue_response(hr->conn, status, resp);
     hr->answered = true;
     hr->status = status;
@@ -325,6 +327,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return cllm_http_reply_error(hr, 503,
                                      atomic_load(&s->stopping) ? "the server is shutting down"
                                                                : "the model is loading");
+    if (hr->route->needs_model) /* a request that may take long to answer */
+        cllm_custody_take(s, hr, method);
     return hr->route->handle(s, hr);
 }
 
@@ -337,6 +341,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (!hr)
         return;
     *con_cls = NULL;
+    cllm_custody_release(s, hr);
     cllm_job_finish(&hr->job, &s->metrics);
     /* 499 (nginx's "client closed request"): the client left before an answer was queued. */
     unsigned status = hr->answered ? hr->status : 499;

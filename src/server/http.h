@@ -43,6 +43,7 @@ struct cllm_http_req {
     unsigned status;        /* the response's status code */
     double t_start;         /* monotonic seconds at the first header */
     int fd;                 /* the connection's socket, to notice a client that went away */
+    uint64_t custody_id;    /* non-zero while the keeper holds a copy of it (custody.h) */
     struct cllm_job job;    /* the engine requests behind this HTTP request, if any */
 };
 

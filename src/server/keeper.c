@@ -6,18 +6,22 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <poll.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "core/log.h"
 #include "engine/request.h"
+#include "server/custody.h"
 #include "server/listen.h"
+#include "server/owed.h"
 
 extern char **environ;
 
@@ -68,30 +72,99 @@ static pid_t start_child(const char *exe, char **argv, int *ready)
     return pid;
 }
 
-/* Waits for the child to end, passing SIGINT/SIGTERM on to it (*stop_sig: the first such).
- * Reaps any other child too: as a container's first process the keeper inherits orphans (a
- * GPU probe whose server died), which would otherwise stay zombies. */
-static int wait_child(pid_t pid, const sigset_t *sigs, int *stop_sig)
+/* The keeper's wait for its serving process to end. */
+struct child_watch {
+    pid_t pid;
+    int sigfd;              /* SIGINT, SIGTERM and SIGCHLD, as a descriptor */
+    int ready;              /* the ready pipe's read end, -1 once read */
+    bool was_ready;         /* the process said it is ready */
+    int stop_sig;           /* the first SIGINT/SIGTERM that came */
+    struct cllm_owed *owed; /* the requests it holds, and those owed to it */
+};
+
+/* Takes the signals that came: passes SIGINT/SIGTERM on. Reaps any child that ended: as a
+ * container's first process the keeper inherits orphans (a GPU probe whose server died), which
+ * would otherwise stay zombies. True, with *status, once the serving process ended. */
+static bool take_signals(struct child_watch *w, int *status)
 {
-    for (;;) {
-        int status = 0;
-        pid_t got;
-        while ((got = waitpid(-1, &status, WNOHANG)) > 0)
-            if (got == pid)
-                return status;
-        if (got < 0 && errno != EINTR) {
-            cllm_log(CLLM_LOG_ERROR, "keeper: waiting for the serving process: %s",
-                     strerror(errno));
-            return 1 << 8; /* as an exit with status 1 */
-        }
-        struct timespec tick = {1, 0}; /* SIGCHLD usually wakes it sooner */
-        int sig = sigtimedwait(sigs, NULL, &tick);
+    struct signalfd_siginfo si;
+    while (read(w->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
+        const int sig = (int)si.ssi_signo;
         if (sig == SIGINT || sig == SIGTERM) {
-            if (!*stop_sig)
-                *stop_sig = sig;
-            kill(pid, sig);
+            if (!w->stop_sig)
+                w->stop_sig = sig;
+            kill(w->pid, sig);
         }
     }
+    for (;;) {
+        int st = 0;
+        const pid_t got = waitpid(-1, &st, WNOHANG);
+        if (got == w->pid) {
+            *status = st;
+            return true;
+        }
+        if (got > 0)
+            continue;
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0 && errno != ECHILD) {
+            cllm_log(CLLM_LOG_ERROR, "keeper: waiting for the serving process: %s",
+                     strerror(errno));
+            *status = 1 << 8; /* as an exit with status 1 */
+            return true;
+        }
+        return false;
+    }
+}
+
+/* Runs until the serving process ends; meanwhile it notes when the process is ready and
+ * keeps the requests it holds (owed.h). */
+static int wait_child(struct child_watch *w)
+{
+    struct pollfd *p = NULL;
+    size_t cap = 0;
+    int status = 1 << 8;
+    for (;;) {
+        const size_t want = 2 + 2 * cllm_owed_count(w->owed) + 64;
+        if (want > cap) {
+            struct pollfd *np = realloc(p, want * 2 * sizeof *np);
+            if (np) {
+                p = np;
+                cap = want * 2;
+            }
+        }
+        if (!p) { /* no memory for even the two: a plain wait for the process */
+            while (waitpid(w->pid, &status, 0) < 0 && errno == EINTR)
+                ;
+            break;
+        }
+        size_t n = 0;
+        p[n++] = (struct pollfd){.fd = w->sigfd, .events = POLLIN};
+        const bool watch_ready = w->ready >= 0;
+        if (watch_ready)
+            p[n++] = (struct pollfd){.fd = w->ready, .events = POLLIN};
+        int timeout_ms = 1000; /* a SIGCHLD the signal descriptor missed is still seen */
+        const size_t first = n;
+        n += cllm_owed_poll_fds(w->owed, p + n, cap - n, &timeout_ms);
+        if (poll(p, (nfds_t)n, timeout_ms) < 0 && errno != EINTR) {
+            cllm_log(CLLM_LOG_ERROR, "keeper: poll: %s", strerror(errno));
+            struct timespec pause = {0, 100 * 1000 * 1000};
+            nanosleep(&pause, NULL);
+        }
+        if (watch_ready && p[1].revents) {
+            char byte;
+            w->was_ready = read(w->ready, &byte, 1) == 1;
+            close(w->ready);
+            w->ready = -1;
+            if (w->was_ready)
+                cllm_owed_child_ready(w->owed);
+        }
+        cllm_owed_handle(w->owed, p + first, n - first);
+        if (take_signals(w, &status))
+            break;
+    }
+    free(p);
+    return status;
 }
 
 /* Sleeps s seconds unless SIGINT/SIGTERM comes first (then returns it). */
@@ -121,6 +194,7 @@ static void unset_env(void)
     unsetenv(CLLM_KEEPER_ENV_PID);
     unsetenv(CLLM_KEEPER_ENV_RESTARTS);
     unsetenv(CLLM_KEEPER_ENV_FALLBACK);
+    unsetenv(CLLM_KEEPER_ENV_CUSTODY);
 }
 
 int cllm_keeper_run(const struct cllm_keeper_config *c)
@@ -149,6 +223,7 @@ int cllm_keeper_run(const struct cllm_keeper_config *c)
     for (int i = 0; i < c->argc; i++)
         argv[n++] = c->argv[i];
 
+    signal(SIGCHLD, SIG_DFL); /* ignored, the serving process would leave no status to wait for */
     sigset_t sigs, old_mask;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGINT);
@@ -158,19 +233,34 @@ int cllm_keeper_run(const struct cllm_keeper_config *c)
     set_env_int(CLLM_KEEPER_ENV_FD, fd);
     set_env_int(CLLM_KEEPER_ENV_PID, (long)getpid());
 
+    struct cllm_owed *owed = cllm_owed_new();
+    const int sigfd = signalfd(-1, &sigs, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (!owed || sigfd < 0)
+        fprintf(stderr, "cllm: keeper: %s\n", owed ? strerror(errno) : "out of memory");
     int rc = 1, restarts = 0, failed_starts = 0, quick_deaths = 0;
-    for (;;) {
+    while (owed && sigfd >= 0) {
         set_env_int(CLLM_KEEPER_ENV_RESTARTS, restarts);
-        int ready = -1;
-        const pid_t pid = start_child(c->exe, argv, &ready);
-        if (pid < 0)
+        const int custody = cllm_owed_child_start(owed);
+        if (custody >= 0)
+            set_env_int(CLLM_KEEPER_ENV_CUSTODY, custody);
+        else
+            unsetenv(CLLM_KEEPER_ENV_CUSTODY);
+        struct child_watch w = {.sigfd = sigfd, .ready = -1, .owed = owed};
+        w.pid = start_child(c->exe, argv, &w.ready);
+        if (custody >= 0)
+            close(custody);
+        if (w.pid < 0)
             break;
         const double t0 = cllm_now();
-        int stop_sig = 0;
-        const int status = wait_child(pid, &sigs, &stop_sig);
-        char byte;
-        const bool was_ready = read(ready, &byte, 1) == 1;
-        close(ready);
+        const int status = wait_child(&w);
+        if (w.ready >= 0) { /* the byte may have come just before the end */
+            char byte;
+            w.was_ready = read(w.ready, &byte, 1) == 1;
+            close(w.ready);
+        }
+        const bool was_ready = w.was_ready;
+        const int stop_sig = w.stop_sig;
+        cllm_owed_child_ended(owed);
         if (WIFEXITED(status)) { /* a shutdown, or a start that failed: no crash */
             rc = WEXITSTATUS(status);
             break;
@@ -204,7 +294,8 @@ int cllm_keeper_run(const struct cllm_keeper_config *c)
                  "the serving process died of signal %d (%s) after %.0f s: restart %d%s", sig,
                  strsignal(sig), lived, restarts, c->restart_on_cpu ? ", on the CPU" : "");
         cllm_log(CLLM_LOG_ERROR, "keeper: %s; %s", why,
-                 was_ready ? "the requests it was answering are lost" : "it was not ready yet");
+                 was_ready ? "the requests it was answering go to the next"
+                           : "it was not ready yet");
         if (c->restart_on_cpu && argv[n] == NULL) {
             argv[n] = "--device";
             argv[n + 1] = "cpu";
@@ -216,6 +307,9 @@ int cllm_keeper_run(const struct cllm_keeper_config *c)
             break;
         }
     }
+    cllm_owed_free(owed);
+    if (sigfd >= 0)
+        close(sigfd);
     unset_env();
     sigprocmask(SIG_SETMASK, &old_mask, NULL);
     close(fd);
@@ -251,6 +345,7 @@ bool cllm_keeper_child(struct cllm_keeper_child *k)
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != (pid_t)env_long(CLLM_KEEPER_ENV_PID, -1))
         raise(SIGTERM);
+    k->custody_fd = cllm_custody_child_fd();
     unset_env();
     return true;
 }

@@ -5,10 +5,10 @@
  * the address and hands the listening socket to the child; when the child dies of a signal,
  * the keeper starts another on the same socket (connections that arrive meanwhile wait in its
  * backlog), on the CPU when the dead one may have been on a GPU. The requests the dead process
- * was answering are lost with it (their connections close without an answer); every later one
- * is served. A child that exits by itself (a shutdown, a model that cannot load) ends the
- * keeper with its exit status: that is no crash, and a restart would fail the same way.
- * SIGINT and SIGTERM go on to the child, which shuts down as usual.
+ * owed answers to are answered by the next one (custody.h, owed.h), unless their answer had
+ * begun to be sent (a stream); every later one is served. A child that exits by itself (a shutdown,
+ * a model that cannot load) ends the keeper with its exit status: that is no crash, and a restart
+ * would fail the same way. SIGINT and SIGTERM go on to the child, which shuts down as usual.
  */
 #ifndef CLLM_SERVER_KEEPER_H
 #define CLLM_SERVER_KEEPER_H
@@ -43,6 +43,7 @@ int cllm_keeper_run(const struct cllm_keeper_config *c);
 struct cllm_keeper_child {
     int listen_fd;      /* the listening socket to serve on (-1: the keeper's word was no fd) */
     int ready_fd;       /* write one byte here once ready to serve (-1: none) */
+    int custody_fd;     /* the custody socket (custody.h), or -1 */
     int restarts;       /* serving processes that died before this one */
     char fallback[256]; /* why this one runs on the CPU though a GPU was to be used, or "" */
 };

@@ -17,6 +17,7 @@
 
 #include "core/log.h"
 #include "core/status.h"
+#include "server/custody.h"
 #include "server/http.h"
 #include "server/listen.h"
 #include "server/probe.h"
@@ -305,6 +306,9 @@ enum cllm_status cllm_server_run(const struct cllm_server_config *c, char *err, 
     cllm_metrics_init(&s->metrics);
     s->metrics.restarts = s->cfg.restarts;
     pthread_mutex_init(&s->failover_lock, NULL);
+    s->custody_fd = s->cfg.custody_fd > 0 ? s->cfg.custody_fd : -1;
+    pthread_mutex_init(&s->custody_lock, NULL);
+    atomic_init(&s->custody_broken, false);
     if (s->cfg.fallback)
         snprintf(s->fallback, sizeof s->fallback, "%s", s->cfg.fallback);
 
@@ -336,6 +340,8 @@ enum cllm_status cllm_server_run(const struct cllm_server_config *c, char *err, 
     }
     cllm_log(CLLM_LOG_INFO, "listening on http://%s:%d (model %s loading)", s->cfg.host,
              s->cfg.port, s->cfg.model_path);
+    if (cllm_custody_start(s) != CLLM_OK)
+        cllm_log(CLLM_LOG_WARN, "custody: cannot start the thread that takes replayed requests");
     if (pthread_create(&s->loader, NULL, loader_main, s) != 0) {
         st = cllm_fail(err, err_len, CLLM_ERR_NOMEM, "cannot start the loader thread");
         goto stop;
@@ -356,6 +362,7 @@ enum cllm_status cllm_server_run(const struct cllm_server_config *c, char *err, 
 stop:
     atomic_store(&s->stopping, true);
     cllm_http_quiesce(s);
+    cllm_custody_stop(s);
     cllm_http_stop(s); /* handlers see `stopping`, cancel their requests and return */
     if (loader_started && !join_loader(s)) {
         /* It may be using anything here: the process's exit ends it, nothing is freed. */
@@ -380,8 +387,11 @@ stop:
     }
     cllm_chat_template_free(s->tmpl);
 out:
+    if (s->custody_fd >= 0)
+        close(s->custody_fd);
     cllm_metrics_free(&s->metrics);
     pthread_mutex_destroy(&s->failover_lock);
+    pthread_mutex_destroy(&s->custody_lock);
     sigaction(SIGPIPE, &old_pipe, NULL);
     pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
     free(s);

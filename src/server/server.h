@@ -40,10 +40,11 @@ struct cllm_server_config {
      * listening socket to serve on (-1: the keeper handed none over, an error) (host and port are
      * then only for the log); ready_fd > 0, where to write a byte once ready; restarts, how many
      * serving processes died before this one; fallback (or NULL), why this one runs on the CPU
-     * though a GPU was to be used
-     * (/health says it). */
+     * though a GPU was to be used (/health says it); custody_fd >= 0, the socket to give the
+     * keeper custody of requests on (custody.h; -1 or 0: none). */
     int listen_fd;
     int ready_fd;
+    int custody_fd;
     int restarts;
     const char *fallback;
     struct cllm_engine_config engine;
@@ -84,6 +85,14 @@ struct cllm_server {
     bool fail_over_tried;          /* under failover_lock: a move was tried (once at most) */
     char fallback[256]; /* under failover_lock: why the server runs on the CPU though a GPU was
                            to be used, when the server chose so (the GPU probe, a stall) */
+
+    /* custody.h: the keeper's socket (-1: none) and what goes with it */
+    int custody_fd;
+    pthread_mutex_t custody_lock; /* one message at a time on custody_fd */
+    uint64_t custody_next_id;     /* under custody_lock */
+    atomic_bool custody_broken;   /* a message failed: no more custody */
+    pthread_t custody_thread;     /* takes replayed connections */
+    bool custody_started;
 
     struct cllm_metrics metrics;
     struct MHD_Daemon *daemon;

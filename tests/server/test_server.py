@@ -1151,12 +1151,31 @@ def nothing_listens(port):
         return True
 
 
+def keep_alive_answered(port):
+    """A connection that got its answer and stays open (keep-alive) -> the open socket."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+    body = json.dumps({"prompt": "hi", "max_tokens": 2}).encode()
+    sock.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    got = b""
+    while b"\r\n\r\n" not in got:
+        got += sock.recv(4096)
+    head, rest = got.split(b"\r\n\r\n", 1)
+    n = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+    while len(rest) < n:
+        rest += sock.recv(4096)
+    return sock
+
+
 def test_crash_restart():
     """A serving process that dies of a signal (CLLM_FAULT_CRASH: the 'GPU' aborts the process
     in a step, as a crashing driver would) is restarted by its keeper (src/server/keeper.h) on
-    the same port, on the CPU: the request it was answering is lost, the health check comes
-    back saying why, later requests are served, and SIGTERM still stops it all. Without the
-    keeper (--no-keeper) the same crash ends the server."""
+    the same port, on the CPU, and the requests it owed are answered by the new one (custody.h):
+    a /predict list in flight gets the same answers as when sent afterwards. A stream whose
+    answer had begun ends without [DONE] (it is not sent twice); a connection whose answer was
+    sent before the crash gets nothing more. The health check comes back saying why, later
+    requests are served, and SIGTERM still stops it all. Without the keeper (--no-keeper) the
+    same crash ends the server."""
     trigger = os.path.join(tempfile.mkdtemp(prefix="cllm-crash-"), "crash")
     env = {"CLLM_FAULT_FILE": trigger, "CLLM_FAULT_NAME": "fake-gpu", "CLLM_FAULT_CRASH": "1"}
     srv = Server("--max-seqs", "4", env=env)
@@ -1169,33 +1188,65 @@ def test_crash_restart():
         check(st == 200 and h.get("backend") == "fake-gpu" and "restarts" not in h,
               f"starts on the 'GPU', no restart yet: {st} {h}")
         first = serving_child(srv)
-        open(trigger, "w").close()
+        answered = keep_alive_answered(port)
+        batch = {"prompt": ["hi", "1, 2, 3,"], "max_tokens": 100}
+        started, res = threading.Event(), {}
+        predict = in_thread(res, "predict", post, port, "/predict", batch, timeout=120)
+        deadline = time.monotonic() + 30
+        while metric(port, "cllm_requests_running") < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the list is in the engine, so in the keeper's custody too
+
+        def stream():
+            try:
+                return stream_chat(port, {"messages": [{"role": "user", "content": "Count to 500."}],
+                                          "max_tokens": 1000}, lambda n, text: started.set())
+            except (OSError, http.client.HTTPException) as e:
+                return e
+        streaming = in_thread(res, "stream", stream)
+        check(started.wait(60), "the stream began")
+        open(trigger, "w").close()  # the next step aborts the process
         t = time.monotonic()
+        predict.join(120)
+        dt = time.monotonic() - t
+        streaming.join(60)
+        v = res.get("predict", (None, 0))[0]
+        st, _, j = v if isinstance(v, tuple) else (None, None, v)
+        check(st == 200 and isinstance(j, dict) and len(j.get("response", [])) == 2,
+              f"the request in flight is answered by the next process, {dt:.1f} s after the "
+              f"crash: {st} {j}")
+        v = res.get("stream", (None, 0))[0]
+        check(isinstance(v, Exception) or (isinstance(v, tuple) and v[1] is None),
+              f"the stream that had begun ends without its end (it is not sent twice): {v!r}")
+        answered.settimeout(10)
         try:
-            st, _, j = post(port, "/predict", {"prompt": ["hi", "1, 2, 3,"], "max_tokens": 4},
-                            timeout=60)
-            lost = False
-        except OSError as e:
-            lost, st, j = True, None, repr(e)
-        check(lost, f"the request in flight dies with the process: {st} {j}")
+            extra = answered.recv(4096)
+        except OSError:
+            extra = b""
+        answered.close()
+        check(extra == b"", f"the connection answered before the crash gets nothing more: {extra!r}")
         srv.statuses = []
         back = srv.wait_ready(timeout=60)
-        dt = time.monotonic() - t
         check(back and srv.statuses and srv.statuses[-1][0] == 200,
-              f"the health check answers 200 again, {dt:.1f} s after the crash")
+              "the health check answers 200 again")
         h = json.loads(srv.statuses[-1][1]) if back else {}
         check(h.get("backend") == "cpu" and h.get("restarts") == 1
               and "died of signal 6" in h.get("fallback", "")
               and "on the CPU" in h.get("fallback", ""),
               f"health: on the CPU now, one restart, saying why: {h}")
-        st, _, j = post(port, "/predict", {"prompt": ["hi", "1, 2, 3,"], "max_tokens": 4}, timeout=60)
-        check(st == 200 and len(j.get("response", [])) == 2, f"later requests are served: {st} {j}")
+        st2, _, j2 = post(port, "/predict", batch, timeout=60)
+        check(st2 == 200 and isinstance(j, dict) and j2 == j,
+              f"later requests are served, the same answers as the one replayed: {st2} {j2}")
         check(metric(port, "cllm_server_restarts_total") == 1, "/metrics counts the restart")
         second = serving_child(srv, other_than=first)
         check(srv.proc.poll() is None and second and second != first,
               f"the keeper stayed, with a new serving process: {first} -> {second}")
-        check("keeper: the serving process died of signal 6" in srv.text(), "the keeper logs the crash")
-        print(f"crash restart: served again {dt:.1f} s after the crash", flush=True)
+        text = srv.text()
+        check("keeper: the serving process died of signal 6" in text
+              and "keeper: the serving process owed 1 answer(s)" in text
+              and "keeper: answered a request a dead serving process owed" in text,
+              "the keeper logs the crash, and the answer it carried over")
+        print(f"crash restart: the request in flight answered {dt:.1f} s after the crash",
+              flush=True)
     finally:
         stop_fault_server(srv, trigger, "the keeper after a restart")
     check(nothing_listens(srv.port), "nothing listens after the keeper stopped")

@@ -193,6 +193,7 @@ static int serve(int argc, char **argv, char **args)
         cfg.ready_fd = kept.ready_fd;
         cfg.restarts = kept.restarts;
         cfg.fallback = kept.fallback[0] ? kept.fallback : NULL;
+        cfg.custody_fd = kept.custody_fd;
     } else if (keeper && n <= 0) {
         cllm_log(CLLM_LOG_WARN, "cannot find this binary (/proc/self/exe): serving without a "
                                 "keeper, so a crash ends the server");
