@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "core/log.h"
+#include "engine/request.h"
 #include "server/http.h"
 
 /* --- the request as bytes --- */
@@ -22,6 +23,7 @@ static bool hop_by_hop(const char *name)
     static const char *const dropped[] = {
         "Connection", "Keep-Alive", "Content-Length", "Transfer-Encoding",
         "Expect",     "TE",         "Upgrade",        "Proxy-Connection",
+        CLLM_CUSTODY_RECEIVED, /* ours is added */
     };
     for (size_t i = 0; i < sizeof dropped / sizeof dropped[0]; i++)
         if (!strcasecmp(name, dropped[i]))
@@ -37,7 +39,8 @@ static bool clean(const char *s)
 enum cllm_status cllm_custody_request_bytes(struct cllm_buf *out, const char *method,
                                             const char *path,
                                             const struct cllm_custody_header *headers,
-                                            size_t n_headers, const char *body, size_t len)
+                                            size_t n_headers, double received, const char *body,
+                                            size_t len)
 {
     if (!clean(method) || !clean(path) || strchr(method, ' ') || strchr(path, ' '))
         return CLLM_ERR_INVALID_ARG;
@@ -49,7 +52,8 @@ enum cllm_status cllm_custody_request_bytes(struct cllm_buf *out, const char *me
             st = cllm_buf_appendf(out, "%s: %s\r\n", h->name, h->value);
     }
     if (!st)
-        st = cllm_buf_appendf(out, "Content-Length: %zu\r\nConnection: close\r\n\r\n", len);
+        st = cllm_buf_appendf(out, "%s: %.6f\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
+                              CLLM_CUSTODY_RECEIVED, received, len);
     if (!st && len)
         st = cllm_buf_append(out, body, len);
     return st;
@@ -180,7 +184,8 @@ void cllm_custody_take(struct cllm_server *s, struct cllm_http_req *hr, const ch
     struct cllm_buf req = {0};
     enum cllm_status st = l.failed ? CLLM_ERR_NOMEM
                                    : cllm_custody_request_bytes(&req, method, hr->route->path, l.h,
-                                                                l.n, hr->body.data, hr->body.len);
+                                                                l.n, hr->t_start, hr->body.data,
+                                                                hr->body.len);
     free(l.h);
     if (st || req.len > CLLM_CUSTODY_MAX_LEN) {
         cllm_log(CLLM_LOG_WARN, "custody: cannot keep %s %s for a restart: %s", hr->method, hr->url,
@@ -199,6 +204,18 @@ void cllm_custody_take(struct cllm_server *s, struct cllm_http_req *hr, const ch
     }
     pthread_mutex_unlock(&s->custody_lock);
     cllm_buf_free(&req);
+}
+
+double cllm_custody_received(struct cllm_http_req *hr)
+{
+    const char *v = MHD_lookup_connection_value(hr->conn, MHD_HEADER_KIND, CLLM_CUSTODY_RECEIVED);
+    if (!v || hr->fd < 0 || !from_keeper(hr->fd))
+        return 0;
+    char *end;
+    errno = 0;
+    const double t = strtod(v, &end);
+    /* (a time to come, or none, is no word of a keeper's) */
+    return errno || end == v || *end || !(t > 0) || t > cllm_now() ? 0 : t;
 }
 
 void cllm_custody_release(struct cllm_server *s, struct cllm_http_req *hr)

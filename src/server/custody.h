@@ -48,15 +48,22 @@ struct cllm_custody_header {
     const char *value;
 };
 
+/* The header a replayed request carries: when the first serving process received it
+ * (CLOCK_MONOTONIC seconds, which every process on the machine shares), so that its max_time
+ * and its duration count from then. Taken only on a connection from the keeper. */
+#define CLLM_CUSTODY_RECEIVED "X-Cllm-Received"
+
 /* Writes the request as HTTP/1.1 bytes into out (appended): the request line, the headers
  * except those about the connection and the body's framing (Connection, Keep-Alive,
- * Content-Length, Transfer-Encoding, Expect, TE, Upgrade, Proxy-Connection), then
- * "Content-Length: len" and "Connection: close" (the keeper passes one answer back, then
- * closes), then the body. Headers whose name or value hold CR, LF or NUL are left out. */
+ * Content-Length, Transfer-Encoding, Expect, TE, Upgrade, Proxy-Connection) and any
+ * X-Cllm-Received, then "X-Cllm-Received: received", "Content-Length: len" and
+ * "Connection: close" (the keeper passes one answer back, then closes), then the body.
+ * Headers whose name or value hold CR or LF are left out. */
 enum cllm_status cllm_custody_request_bytes(struct cllm_buf *out, const char *method,
                                             const char *path,
                                             const struct cllm_custody_header *headers,
-                                            size_t n_headers, const char *body, size_t len);
+                                            size_t n_headers, double received, const char *body,
+                                            size_t len);
 
 /* Sends one message (with fd attached when fd >= 0) on sock, whole: a stream socket may take
  * it in parts. MSG_NOSIGNAL; a send that times out (SO_SNDTIMEO) part-way fails. */
@@ -80,6 +87,10 @@ void cllm_custody_stop(struct cllm_server *s);
  * runs. Does nothing without a keeper, for a connection the keeper replayed (it holds the
  * other end already), or after the socket failed once. */
 void cllm_custody_take(struct cllm_server *s, struct cllm_http_req *hr, const char *method);
+/* For a request the keeper replayed: when the first serving process received it (monotonic
+ * seconds, its X-Cllm-Received); 0 for any other. */
+double cllm_custody_received(struct cllm_http_req *hr);
+
 /* Tells the keeper to let hr's connection go (an answer is queued, or the request ended):
  * a request it holds is only ever answered once. Safe to call twice. */
 void cllm_custody_release(struct cllm_server *s, struct cllm_http_req *hr);

@@ -301,6 +301,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         const union MHD_ConnectionInfo *ci =
             MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
         hr->fd = ci ? ci->connect_fd : -1;
+        const double received = cllm_custody_received(hr);
+        if (received > 0) {
+            hr->waited = hr->t_start - received;
+            hr->t_start = received;
+        }
         return on_headers(s, hr, method);
     }
     if (hr->answered) {
@@ -406,7 +411,7 @@ bool cllm_http_run_job(struct cllm_server *s, struct cllm_http_req *hr,
                        const struct cllm_request_params *p, bool list, enum MHD_Result *ret)
 {
     char err[512];
-    enum cllm_status st = cllm_job_submit(s, &hr->job, p, err, sizeof err);
+    enum cllm_status st = cllm_job_submit(s, &hr->job, p, hr->waited, err, sizeof err);
     if (st) {
         *ret = cllm_http_reply_status(hr, st, err);
         return false;

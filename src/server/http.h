@@ -41,7 +41,9 @@ struct cllm_http_req {
     char reject[256];       /* its message */
     bool answered;          /* a response was queued */
     unsigned status;        /* the response's status code */
-    double t_start;         /* monotonic seconds at the first header */
+    double t_start;         /* monotonic seconds at the first header (for a replayed request:
+                               when the first serving process received it) */
+    double waited;          /* a replayed request: seconds it spent before this process got it */
     int fd;                 /* the connection's socket, to notice a client that went away */
     uint64_t custody_id;    /* non-zero while the keeper holds a copy of it (custody.h) */
     struct cllm_job job;    /* the engine requests behind this HTTP request, if any */

@@ -195,12 +195,23 @@ enum cllm_status cllm_job_set_chat(struct cllm_server *s, struct cllm_job *j, in
 
 /* --- running --- */
 
+/* Shortest max_time a replayed request gets: it ends at its first step. */
+#define MIN_MAX_TIME_S 1e-3
+
 enum cllm_status cllm_job_submit(struct cllm_server *s, struct cllm_job *j,
-                                 const struct cllm_request_params *p, char *err, size_t err_len)
+                                 const struct cllm_request_params *p, double waited, char *err,
+                                 size_t err_len)
 {
     struct cllm_engine *e = cllm_server_engine_live(s);
     j->engine = e;
     j->params = p;
+    struct cllm_request_params left; /* (the engine copies what it needs at submit) */
+    if (waited > 0 && p->max_time > 0) {
+        left = *p;
+        left.max_time = p->max_time - waited > MIN_MAX_TIME_S ? p->max_time - waited
+                                                              : MIN_MAX_TIME_S;
+        p = &left;
+    }
     if (cllm_engine_queue_full(e))
         return cllm_fail(err, err_len, CLLM_ERR_BUSY, "the queue is full: try again later");
     for (int32_t i = 0; i < j->n; i++) {

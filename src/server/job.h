@@ -70,9 +70,12 @@ enum cllm_status cllm_job_set_chat(struct cllm_server *s, struct cllm_job *j, in
                                    char *err, size_t err_len);
 
 /* Submits every prompt with p. All or nothing: when one is refused (CLLM_ERR_BUSY: the queue
- * is full), those already queued are cancelled and released. */
+ * is full), those already queued are cancelled and released. waited: seconds the request
+ * spent before this process got it (a replay, custody.h), which its max_time counts too
+ * (one already past it ends at its first step). */
 enum cllm_status cllm_job_submit(struct cllm_server *s, struct cllm_job *j,
-                                 const struct cllm_request_params *p, char *err, size_t err_len);
+                                 const struct cllm_request_params *p, double waited, char *err,
+                                 size_t err_len);
 
 /* Waits until every request has finished, collecting the text into outs[i].text. Returns early,
  * cancelling the requests, when the peer of fd (-1: none) goes away or the server stops. When

@@ -492,7 +492,7 @@ static enum MHD_Result handle(struct cllm_server *s, struct cllm_http_req *hr, e
         goto done;
     }
     if (streaming) {
-        if ((st = cllm_job_submit(s, &hr->job, &jp.p, err, sizeof err)))
+        if ((st = cllm_job_submit(s, &hr->job, &jp.p, hr->waited, err, sizeof err)))
             ret = cllm_http_reply_status(hr, st, err);
         else
             ret = start_stream(s, hr, kind);

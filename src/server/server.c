@@ -161,7 +161,7 @@ static enum cllm_status warm_up(struct cllm_server *s, char *err, size_t err_len
     p.stop = NULL;
     p.n_stop = 0;
     if (!(st = cllm_job_set_text(s, &j, 0, "the warm-up prompt", "Hello", 5, err, err_len)) &&
-        !(st = cllm_job_submit(s, &j, &p, err, err_len))) {
+        !(st = cllm_job_submit(s, &j, &p, 0, err, err_len))) {
         if (cllm_job_wait(s, &j, -1) == CLLM_JOB_DONE && cllm_job_failed(&j) >= 0)
             st = cllm_fail(err, err_len, CLLM_ERR_DEVICE, "%s", j.outs[0].error);
     }

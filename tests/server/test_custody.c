@@ -31,22 +31,24 @@ static void test_request_bytes(void)
         {"X-Evil", "a\r\nInjected: 1"},
         {"Bad:Name", "v"},
         {"", "empty name"},
+        {"x-cllm-received", "1.0"}, /* a client's own is dropped */
     };
     struct cllm_buf b = {0};
-    CHECK(cllm_custody_request_bytes(&b, "POST", "/predict", h, sizeof h / sizeof h[0], "{\"a\":1}",
-                                     7) == CLLM_OK);
+    CHECK(cllm_custody_request_bytes(&b, "POST", "/predict", h, sizeof h / sizeof h[0], 12.5,
+                                     "{\"a\":1}", 7) == CLLM_OK);
     const char want[] = "POST /predict HTTP/1.1\r\n"
                         "Host: 127.0.0.1:8000\r\n"
                         "Content-Type: application/json\r\n"
                         "Authorization: Bearer k\r\n"
+                        "X-Cllm-Received: 12.500000\r\n"
                         "Content-Length: 7\r\n"
                         "Connection: close\r\n"
                         "\r\n"
                         "{\"a\":1}";
     CHECKF(b.len == sizeof want - 1 && !memcmp(b.data, want, b.len), "%.*s", (int)b.len, b.data);
     cllm_buf_free(&b);
-    CHECK(cllm_custody_request_bytes(&b, "POST", "/a b", NULL, 0, "", 0) != CLLM_OK);
-    CHECK(cllm_custody_request_bytes(&b, "PO\nST", "/a", NULL, 0, "", 0) != CLLM_OK);
+    CHECK(cllm_custody_request_bytes(&b, "POST", "/a b", NULL, 0, 1, "", 0) != CLLM_OK);
+    CHECK(cllm_custody_request_bytes(&b, "PO\nST", "/a", NULL, 0, 1, "", 0) != CLLM_OK);
     cllm_buf_free(&b);
 }
 
