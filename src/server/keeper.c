@@ -125,7 +125,7 @@ static int wait_child(struct child_watch *w)
     size_t cap = 0;
     int status = 1 << 8;
     for (;;) {
-        const size_t want = 2 + 2 * cllm_owed_count(w->owed) + 64;
+        const size_t want = 2 + cllm_owed_max_fds(w->owed);
         if (want > cap) {
             struct pollfd *np = realloc(p, want * 2 * sizeof *np);
             if (np) {
@@ -260,7 +260,7 @@ int cllm_keeper_run(const struct cllm_keeper_config *c)
         }
         const bool was_ready = w.was_ready;
         const int stop_sig = w.stop_sig;
-        cllm_owed_child_ended(owed);
+        cllm_owed_child_ended(owed, WIFSIGNALED(status) && !stop_sig);
         if (WIFEXITED(status)) { /* a shutdown, or a start that failed: no crash */
             rc = WEXITSTATUS(status);
             break;

@@ -18,7 +18,7 @@
 #include "engine/request.h"
 #include "server/custody.h"
 
-#define REPLAY_TRIES 3
+#define REPLAY_TRIES 2 /* with the first process, three processes tried it */
 #define RETRY_PAUSE_S 0.5
 /* A custody stream that ends while its serving process lives on (it stopped giving custody,
  * custody.c) is told from one that ended with the process's death by waiting this long for
@@ -310,7 +310,12 @@ static void read_sock(struct cllm_owed *o)
     }
 }
 
-size_t cllm_owed_child_ended(struct cllm_owed *o)
+size_t cllm_owed_max_fds(const struct cllm_owed *o)
+{
+    return 1 + 2 * o->n;
+}
+
+size_t cllm_owed_child_ended(struct cllm_owed *o, bool died)
 {
     if (o->sock >= 0)
         read_sock(o); /* the process is gone: its end is closed, so this reads to the end */
@@ -318,10 +323,11 @@ size_t cllm_owed_child_ended(struct cllm_owed *o)
     o->ready = false;
     o->child_running = false;
     o->sock_ended = false;
-    compact(o);
     size_t k = 0;
     for (size_t i = 0; i < o->n; i++)
-        if (o->r[i].state == HELD) {
+        if (o->r[i].state == HELD && !died)
+            finish(&o->r[i]); /* a shutdown: nothing more comes */
+        else if (o->r[i].state == HELD) {
             o->r[i].state = OWED;
             o->r[i].retry_at = 0;
             k++;
@@ -331,6 +337,7 @@ size_t cllm_owed_child_ended(struct cllm_owed *o)
                  "keeper: the serving process owed %zu answer(s): they go to the "
                  "next one",
                  k);
+    compact(o);
     return cllm_owed_count(o);
 }
 

@@ -4,7 +4,8 @@
  * connection (a socket pair) to the serving process: the keeper writes the request into it and
  * copies what comes back to the client's connection, which it then closes. A replay that ends
  * before a byte of an answer came back (the serving process died again, or could not take it)
- * is tried again, up to three times in all; a client that goes away meanwhile is let go.
+ * is tried once more: a request that kills every process it reaches is given up after three.
+ * A client that goes away meanwhile is let go.
  */
 #ifndef CLLM_SERVER_OWED_H
 #define CLLM_SERVER_OWED_H
@@ -24,11 +25,14 @@ void cllm_owed_free(struct cllm_owed *o);
 int cllm_owed_child_start(struct cllm_owed *o);
 /* The serving process is ready: owed requests are replayed to it from now on. */
 void cllm_owed_child_ready(struct cllm_owed *o);
-/* The serving process ended: reads what it said before its end; every request it still held
- * is owed to the next. Returns how many requests are owed now. */
-size_t cllm_owed_child_ended(struct cllm_owed *o);
+/* The serving process ended: reads what it said before its end. When it died (and another is
+ * to start), every request it still held is owed to the next; otherwise they are let go.
+ * Returns how many requests are owed now. */
+size_t cllm_owed_child_ended(struct cllm_owed *o, bool died);
 /* Requests owed to a next serving process, or being replayed. */
 size_t cllm_owed_count(const struct cllm_owed *o);
+/* The most descriptors cllm_owed_poll_fds may write now. */
+size_t cllm_owed_max_fds(const struct cllm_owed *o);
 
 /* The descriptors to poll, written to p (at most cap; returns how many), and *timeout_ms
  * lowered to when a retry is due. Then cllm_owed_handle with the same p after poll(). */
