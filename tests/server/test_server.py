@@ -1171,14 +1171,15 @@ def test_crash_restart():
     """A serving process that dies of a signal (CLLM_FAULT_CRASH: the 'GPU' aborts the process
     in a step, as a crashing driver would) is restarted by its keeper (src/server/keeper.h) on
     the same port, on the CPU, and the requests it owed are answered by the new one (custody.h):
-    a /predict list in flight gets the same answers as when sent afterwards. A stream whose
+    three requests in flight (a /predict list and two single prompts) get the same answers as
+    when sent afterwards, each its own. A stream whose
     answer had begun ends without [DONE] (it is not sent twice); a connection whose answer was
     sent before the crash gets nothing more. The health check comes back saying why, later
     requests are served, and SIGTERM still stops it all. Without the keeper (--no-keeper) the
     same crash ends the server."""
     trigger = os.path.join(tempfile.mkdtemp(prefix="cllm-crash-"), "crash")
     env = {"CLLM_FAULT_FILE": trigger, "CLLM_FAULT_NAME": "fake-gpu", "CLLM_FAULT_CRASH": "1"}
-    srv = Server("--max-seqs", "4", env=env)
+    srv = Server("--max-seqs", "6", env=env)
     try:
         if not check(srv.wait_ready(), "server on a 'GPU' that can crash the process ready"):
             return
@@ -1189,12 +1190,15 @@ def test_crash_restart():
               f"starts on the 'GPU', no restart yet: {st} {h}")
         first = serving_child(srv)
         answered = keep_alive_answered(port)
-        batch = {"prompt": ["hi", "1, 2, 3,"], "max_tokens": 100}
+        batches = [{"prompt": ["hi", "1, 2, 3,"], "max_tokens": 100},
+                   {"prompt": "a, b, c,", "max_tokens": 100},
+                   {"prompt": "10, 20, 30,", "max_tokens": 100}]
         started, res = threading.Event(), {}
-        predict = in_thread(res, "predict", post, port, "/predict", batch, timeout=120)
+        predicts = [in_thread(res, i, post, port, "/predict", b, timeout=120)
+                    for i, b in enumerate(batches)]
         deadline = time.monotonic() + 30
-        while metric(port, "cllm_requests_running") < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)  # the list is in the engine, so in the keeper's custody too
+        while metric(port, "cllm_requests_running") < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)  # all are in the engine, so in the keeper's custody too
 
         def stream():
             try:
@@ -1206,14 +1210,17 @@ def test_crash_restart():
         check(started.wait(60), "the stream began")
         open(trigger, "w").close()  # the next step aborts the process
         t = time.monotonic()
-        predict.join(120)
+        for th in predicts:
+            th.join(120)
         dt = time.monotonic() - t
         streaming.join(60)
-        v = res.get("predict", (None, 0))[0]
-        st, _, j = v if isinstance(v, tuple) else (None, None, v)
-        check(st == 200 and isinstance(j, dict) and len(j.get("response", [])) == 2,
-              f"the request in flight is answered by the next process, {dt:.1f} s after the "
-              f"crash: {st} {j}")
+        replayed = []
+        for i in range(len(batches)):
+            v = res.get(i, (None, 0))[0]
+            st, _, j = v if isinstance(v, tuple) else (None, None, v)
+            replayed.append(j)
+            check(st == 200 and isinstance(j, dict) and "response" in j,
+                  f"request {i} in flight is answered by the next process: {st} {j}")
         v = res.get("stream", (None, 0))[0]
         check(isinstance(v, Exception) or (isinstance(v, tuple) and v[1] is None),
               f"the stream that had begun ends without its end (it is not sent twice): {v!r}")
@@ -1233,19 +1240,21 @@ def test_crash_restart():
               and "died of signal 6" in h.get("fallback", "")
               and "on the CPU" in h.get("fallback", ""),
               f"health: on the CPU now, one restart, saying why: {h}")
-        st2, _, j2 = post(port, "/predict", batch, timeout=60)
-        check(st2 == 200 and isinstance(j, dict) and j2 == j,
-              f"later requests are served, the same answers as the one replayed: {st2} {j2}")
+        for i, b in enumerate(batches):
+            st2, _, j2 = post(port, "/predict", b, timeout=60)
+            check(st2 == 200 and isinstance(j2, dict) and j2 == replayed[i],
+                  f"request {i} sent again gets the answers it got replayed: {st2} {j2} "
+                  f"{replayed[i]}")
         check(metric(port, "cllm_server_restarts_total") == 1, "/metrics counts the restart")
         second = serving_child(srv, other_than=first)
         check(srv.proc.poll() is None and second and second != first,
               f"the keeper stayed, with a new serving process: {first} -> {second}")
         text = srv.text()
         check("keeper: the serving process died of signal 6" in text
-              and "keeper: the serving process owed 1 answer(s)" in text
+              and "keeper: the serving process owed 3 answer(s)" in text
               and "keeper: answered a request a dead serving process owed" in text,
               "the keeper logs the crash, and the answer it carried over")
-        print(f"crash restart: the request in flight answered {dt:.1f} s after the crash",
+        print(f"crash restart: the 3 requests in flight answered {dt:.1f} s after the crash",
               flush=True)
     finally:
         stop_fault_server(srv, trigger, "the keeper after a restart")
