@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -224,6 +225,13 @@ int cllm_keeper_run(const struct cllm_keeper_config *c)
         argv[n++] = c->argv[i];
 
     signal(SIGCHLD, SIG_DFL); /* ignored, the serving process would leave no status to wait for */
+    /* The keeper holds a copy of every connection a request is answered on (custody.h): as
+     * many descriptors as the serving process's connections, and the replays' on top. */
+    struct rlimit nofile;
+    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+        nofile.rlim_cur = nofile.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &nofile);
+    }
     sigset_t sigs, old_mask;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGINT);
