@@ -288,9 +288,11 @@ static void *replay_main(void *arg)
         }
         struct sockaddr_un sun = {.sun_family = AF_UNIX};
         /* MHD closes fd itself when it fails */
-        if (MHD_add_connection(s->daemon, fd, (const struct sockaddr *)&sun, sizeof sun) == MHD_YES)
+        if (MHD_add_connection(s->daemon, fd, (const struct sockaddr *)&sun, sizeof sun) ==
+            MHD_YES) {
+            atomic_fetch_add(&s->metrics.replayed, 1);
             cllm_log(CLLM_LOG_INFO, "custody: serving a request a dead process owed");
-        else
+        } else
             cllm_log(CLLM_LOG_WARN, "custody: cannot take a request a dead process owed: %s",
                      strerror(errno));
     }

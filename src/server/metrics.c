@@ -31,6 +31,7 @@ static void hist_observe(struct cllm_histogram *h, double v)
 void cllm_metrics_init(struct cllm_metrics *m)
 {
     memset(m, 0, sizeof *m);
+    atomic_init(&m->replayed, 0);
     pthread_mutex_init(&m->lock, NULL);
 #define N(a) ((int)(sizeof(a) / sizeof((a)[0])))
     _Static_assert(N(ttft_bounds) <= CLLM_METRICS_MAX_BUCKETS, "ttft buckets");
@@ -159,6 +160,10 @@ enum cllm_status cllm_metrics_render(struct cllm_metrics *m, const struct cllm_e
     head(&t, "cllm_server_restarts_total", "counter",
          "Serving processes that died of a signal before this one (restarted by the keeper).");
     put(&t, "cllm_server_restarts_total %d\n", m->restarts);
+    head(&t, "cllm_server_replayed_requests_total", "counter",
+         "Requests a dead serving process owed that the keeper replayed to this one.");
+    put(&t, "cllm_server_replayed_requests_total %llu\n",
+        (unsigned long long)atomic_load(&m->replayed));
     enum cllm_status st = t.failed ? CLLM_ERR_NOMEM : cllm_buf_append(out, t.b.data, t.b.len);
     cllm_buf_free(&t.b);
     return st;

@@ -8,6 +8,7 @@
 #define CLLM_SERVER_METRICS_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "core/buf.h"
@@ -38,6 +39,7 @@ struct cllm_metrics {
     struct cllm_histogram itl;      /* mean seconds between tokens of one engine request */
     struct cllm_histogram duration; /* seconds from the first byte of a request to its end */
     int restarts; /* serving processes that died before this one (keeper.h); set at start */
+    atomic_uint_fast64_t replayed; /* requests a dead process owed, taken by this one */
 };
 
 void cllm_metrics_init(struct cllm_metrics *m);

@@ -1245,7 +1245,9 @@ def test_crash_restart():
             check(st2 == 200 and isinstance(j2, dict) and j2 == replayed[i],
                   f"request {i} sent again gets the answers it got replayed: {st2} {j2} "
                   f"{replayed[i]}")
-        check(metric(port, "cllm_server_restarts_total") == 1, "/metrics counts the restart")
+        check(metric(port, "cllm_server_restarts_total") == 1
+              and metric(port, "cllm_server_replayed_requests_total") == 3,
+              "/metrics counts the restart and the 3 requests replayed")
         second = serving_child(srv, other_than=first)
         check(srv.proc.poll() is None and second and second != first,
               f"the keeper stayed, with a new serving process: {first} -> {second}")
