@@ -58,7 +58,6 @@ struct cllm_owed {
     double ended_at;    /* when; see END_GRACE_S */
     bool child_running; /* between child_start and child_ended */
     struct cllm_buf in; /* custody bytes received, not yet taken apart */
-    size_t in_off;
     int *fds; /* descriptors received, not yet matched with their TAKE message */
     size_t n_fds, fds_cap;
     struct poll_slot *slots;
@@ -106,7 +105,6 @@ static void close_sock(struct cllm_owed *o)
         close(o->fds[i]);
     o->n_fds = 0;
     cllm_buf_free(&o->in);
-    o->in_off = 0;
 }
 
 void cllm_owed_free(struct cllm_owed *o)
@@ -193,15 +191,16 @@ static struct owed_req *find_held(struct cllm_owed *o, uint64_t id)
 static bool take_messages(struct cllm_owed *o)
 {
     struct cllm_custody_msg m;
-    while (o->in.len - o->in_off >= sizeof m) {
-        memcpy(&m, o->in.data + o->in_off, sizeof m);
+    size_t off = 0; /* bytes of o->in taken apart */
+    while (o->in.len - off >= sizeof m) {
+        memcpy(&m, o->in.data + off, sizeof m);
         if ((m.type != CLLM_CUSTODY_TAKE && m.type != CLLM_CUSTODY_RELEASE) ||
             m.len > CLLM_CUSTODY_MAX_LEN || (m.type == CLLM_CUSTODY_RELEASE && m.len))
             return false;
-        if (o->in.len - o->in_off - sizeof m < m.len)
+        if (o->in.len - off - sizeof m < m.len)
             break; /* the rest is still on its way */
-        const char *bytes = o->in.data + o->in_off + sizeof m;
-        o->in_off += sizeof m + m.len;
+        const char *bytes = o->in.data + off + sizeof m;
+        off += sizeof m + m.len;
         if (m.type == CLLM_CUSTODY_RELEASE) {
             struct owed_req *q = find_held(o, m.id);
             if (q)
@@ -230,9 +229,9 @@ static bool take_messages(struct cllm_owed *o)
         }
         o->n++;
     }
-    if (o->in_off == o->in.len) {
-        o->in.len = 0;
-        o->in_off = 0;
+    if (off) { /* keep only the message still on its way */
+        memmove(o->in.data, o->in.data + off, o->in.len - off);
+        o->in.len -= off;
     }
     return true;
 }

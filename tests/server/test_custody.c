@@ -7,6 +7,7 @@
  * does a serving process that exits by itself.
  */
 #include <errno.h>
+#include <stdlib.h>
 #include <poll.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -267,9 +268,92 @@ static void test_keeper_side(void)
     close(child);
 }
 
+/* A request and an answer far larger than one read: taken apart across reads, written and
+ * copied back whole. */
+static void test_large(void)
+{
+    enum { REQ = 300 << 10, ANS = 200 << 10 };
+    char *req = malloc(REQ + 1), *ans = malloc(ANS), *got = malloc(REQ + 1);
+    for (int i = 0; i < REQ; i++)
+        req[i] = (char)('a' + i % 26);
+    req[REQ] = 0;
+    for (int i = 0; i < ANS; i++)
+        ans[i] = (char)('0' + i % 10);
+    struct cllm_owed *o = cllm_owed_new();
+    int child = cllm_owed_child_start(o), c[2];
+    client_pair(c);
+    /* (the keeper reads while the take is sent: a socket buffer holds less than this) */
+    const struct cllm_custody_msg m = {CLLM_CUSTODY_TAKE, REQ, 1};
+    int sent = 0;
+    for (int part = 0; part < 2; part++) { /* the header and some bytes, then the rest */
+        struct iovec iov[2] = {{(void *)&m, part ? 0 : sizeof m},
+                               {req + sent, part ? (size_t)(REQ - sent) : 1000}};
+        union {
+            struct cmsghdr h;
+            char space[CMSG_SPACE(sizeof(int))];
+        } ctl;
+        memset(&ctl, 0, sizeof ctl);
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
+        if (!part) {
+            mh.msg_control = ctl.space;
+            mh.msg_controllen = sizeof ctl.space;
+            struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+            cm->cmsg_level = SOL_SOCKET;
+            cm->cmsg_type = SCM_RIGHTS;
+            cm->cmsg_len = CMSG_LEN(sizeof(int));
+            memcpy(CMSG_DATA(cm), &c[1], sizeof(int));
+        }
+        size_t want = iov[0].iov_len + iov[1].iov_len, done = 0;
+        while (done < want) {
+            ssize_t n = sendmsg(child, &mh, MSG_DONTWAIT);
+            if (n > 0) {
+                done += (size_t)n;
+                mh.msg_control = NULL;
+                mh.msg_controllen = 0;
+                size_t k = (size_t)n;
+                for (int i = 0; i < 2; i++) {
+                    size_t t = k < iov[i].iov_len ? k : iov[i].iov_len;
+                    iov[i].iov_base = (char *)iov[i].iov_base + t;
+                    iov[i].iov_len -= t;
+                    k -= t;
+                }
+            }
+            spin(o, 1);
+        }
+        sent += part ? REQ - sent : 1000;
+        spin(o, 20);
+    }
+    close(c[1]);
+    close(child);
+    CHECK(cllm_owed_child_ended(o, true) == 1);
+    child = cllm_owed_child_start(o);
+    cllm_owed_child_ready(o);
+    int r = receive_replay(child, o);
+    CHECK(r >= 0);
+    bool eof;
+    size_t n = read_for(o, r, got, REQ + 1, 3000, &eof);
+    CHECKF(n == REQ && !memcmp(got, req, REQ), "%zu of %d bytes", n, REQ);
+    for (size_t off = 0; off < ANS;) { /* the answer, while the keeper copies it on */
+        ssize_t k = send(r, ans + off, ANS - off, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (k > 0)
+            off += (size_t)k;
+        spin(o, 1); /* (what the client's socket cannot hold waits in the keeper) */
+    }
+    close(r);
+    n = read_for(o, c[0], got, REQ + 1, 3000, &eof);
+    CHECKF(n == ANS && !memcmp(got, ans, ANS) && eof, "%zu of %d bytes, eof %d", n, ANS, eof);
+    close(c[0]);
+    close(child);
+    cllm_owed_free(o);
+    free(req);
+    free(ans);
+    free(got);
+}
+
 int main(void)
 {
     test_request_bytes();
     test_keeper_side();
+    test_large();
     return test_summary();
 }
