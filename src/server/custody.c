@@ -231,47 +231,60 @@ void cllm_custody_release(struct cllm_server *s, struct cllm_http_req *hr)
     pthread_mutex_unlock(&s->custody_lock);
 }
 
+ssize_t cllm_custody_recv(int sock, void *buf, size_t len, int flags, int *fds, size_t max_fds,
+                          size_t *n_fds, bool *lost)
+{
+    struct iovec iov = {buf, len};
+    union {
+        struct cmsghdr h;
+        char space[CMSG_SPACE(64 * sizeof(int))];
+    } ctl;
+    struct msghdr mh = {.msg_iov = &iov,
+                        .msg_iovlen = 1,
+                        .msg_control = ctl.space,
+                        .msg_controllen = sizeof ctl.space};
+    ssize_t n;
+    while ((n = recvmsg(sock, &mh, flags | MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR)
+        ;
+    if (n > 0 && (mh.msg_flags & MSG_CTRUNC))
+        *lost = true;
+    for (struct cmsghdr *c = n > 0 ? CMSG_FIRSTHDR(&mh) : NULL; c; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < k; i++) {
+            int d;
+            memcpy(&d, CMSG_DATA(c) + i * sizeof(int), sizeof d);
+            if (*n_fds < max_fds) {
+                fds[(*n_fds)++] = d;
+            } else {
+                close(d);
+                *lost = true;
+            }
+        }
+    }
+    return n;
+}
+
 /* Receives one REPLAY message: the descriptor that came with it, -1 when the keeper closed its
- * end or the stream is broken. Messages from a keeper carry no bytes. */
+ * end or the stream is broken. Messages from a keeper carry no bytes and one descriptor. */
 static int receive_replay(int sock)
 {
     struct cllm_custody_msg m;
-    size_t got = 0;
-    int fd = -1;
+    size_t got = 0, n_fds = 0;
+    int fds[1];
+    bool lost = false;
     while (got < sizeof m) {
-        struct iovec iov = {(char *)&m + got, sizeof m - got};
-        union {
-            struct cmsghdr h;
-            char space[CMSG_SPACE(4 * sizeof(int))];
-        } ctl;
-        struct msghdr mh = {.msg_iov = &iov,
-                            .msg_iovlen = 1,
-                            .msg_control = ctl.space,
-                            .msg_controllen = sizeof ctl.space};
-        ssize_t n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
-        if (n < 0 && errno == EINTR)
-            continue;
-        for (struct cmsghdr *c = n > 0 ? CMSG_FIRSTHDR(&mh) : NULL; c; c = CMSG_NXTHDR(&mh, c)) {
-            if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-                continue;
-            const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-            for (size_t i = 0; i < k; i++) {
-                int d;
-                memcpy(&d, CMSG_DATA(c) + i * sizeof(int), sizeof d);
-                if (fd < 0)
-                    fd = d;
-                else
-                    close(d); /* one per message: more is no word of ours */
-            }
-        }
+        ssize_t n =
+            cllm_custody_recv(sock, (char *)&m + got, sizeof m - got, 0, fds, 1, &n_fds, &lost);
         if (n <= 0)
             break;
         got += (size_t)n;
     }
-    if (got == sizeof m && m.type == CLLM_CUSTODY_REPLAY && m.len == 0 && fd >= 0)
-        return fd;
-    if (fd >= 0)
-        close(fd);
+    if (got == sizeof m && m.type == CLLM_CUSTODY_REPLAY && m.len == 0 && n_fds == 1 && !lost)
+        return fds[0];
+    if (n_fds)
+        close(fds[0]);
     if (got > 0)
         cllm_log(CLLM_LOG_WARN, "custody: a message from the keeper that is no replay: "
                                 "no more replays are taken");

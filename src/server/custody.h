@@ -21,6 +21,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "core/buf.h"
 #include "core/status.h"
@@ -69,6 +70,12 @@ enum cllm_status cllm_custody_request_bytes(struct cllm_buf *out, const char *me
  * it in parts. MSG_NOSIGNAL; a send that times out (SO_SNDTIMEO) part-way fails. */
 enum cllm_status cllm_custody_send(int sock, const struct cllm_custody_msg *m, const void *bytes,
                                    int fd);
+
+/* One recvmsg on sock (flags as recvmsg's, MSG_CMSG_CLOEXEC added): up to len bytes into buf,
+ * and the descriptors that came with them appended to fds (at most max_fds in all; *n_fds
+ * counts them; any beyond are closed and *lost set). Returns recvmsg's result. */
+ssize_t cllm_custody_recv(int sock, void *buf, size_t len, int flags, int *fds, size_t max_fds,
+                          size_t *n_fds, bool *lost);
 
 struct cllm_server;
 struct cllm_http_req;

@@ -260,34 +260,19 @@ static void read_sock(struct cllm_owed *o)
             ok = false;
             break;
         }
-        struct iovec iov = {o->in.data + o->in.len, READ_CHUNK};
-        union {
-            struct cmsghdr h;
-            char space[CMSG_SPACE(64 * sizeof(int))];
-        } ctl;
-        struct msghdr mh = {.msg_iov = &iov,
-                            .msg_iovlen = 1,
-                            .msg_control = ctl.space,
-                            .msg_controllen = sizeof ctl.space};
-        ssize_t n = recvmsg(o->sock, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-        if (n < 0 && errno == EINTR)
-            continue;
+        int fds[64];
+        size_t n_fds = 0;
+        bool lost = false;
+        ssize_t n = cllm_custody_recv(o->sock, o->in.data + o->in.len, READ_CHUNK, MSG_DONTWAIT,
+                                      fds, 64, &n_fds, &lost);
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
             break;
-        for (struct cmsghdr *c = n > 0 ? CMSG_FIRSTHDR(&mh) : NULL; c; c = CMSG_NXTHDR(&mh, c)) {
-            if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-                continue;
-            const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-            for (size_t i = 0; i < k; i++) {
-                int d;
-                memcpy(&d, CMSG_DATA(c) + i * sizeof(int), sizeof d);
-                if (!keep_fd(o, d)) {
-                    close(d);
-                    ok = false;
-                }
+        for (size_t i = 0; i < n_fds; i++)
+            if (!keep_fd(o, fds[i])) {
+                close(fds[i]);
+                ok = false;
             }
-        }
-        if ((mh.msg_flags & MSG_CTRUNC) || n < 0)
+        if (lost || n < 0)
             ok = false;
         else if (n == 0)
             ended = true;

@@ -9,6 +9,8 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -268,6 +270,21 @@ static void test_keeper_side(void)
     close(child);
 }
 
+struct big_take {
+    int sock;
+    const char *req;
+    int fd;
+    atomic_bool done;
+};
+
+static void *send_big_take(void *arg)
+{
+    struct big_take *t = arg;
+    take(t->sock, 1, t->req, t->fd);
+    atomic_store(&t->done, true);
+    return NULL;
+}
+
 /* A request and an answer far larger than one read: taken apart across reads, written and
  * copied back whole. */
 static void test_large(void)
@@ -282,47 +299,15 @@ static void test_large(void)
     struct cllm_owed *o = cllm_owed_new();
     int child = cllm_owed_child_start(o), c[2];
     client_pair(c);
-    /* (the keeper reads while the take is sent: a socket buffer holds less than this) */
-    const struct cllm_custody_msg m = {CLLM_CUSTODY_TAKE, REQ, 1};
-    int sent = 0;
-    for (int part = 0; part < 2; part++) { /* the header and some bytes, then the rest */
-        struct iovec iov[2] = {{(void *)&m, part ? 0 : sizeof m},
-                               {req + sent, part ? (size_t)(REQ - sent) : 1000}};
-        union {
-            struct cmsghdr h;
-            char space[CMSG_SPACE(sizeof(int))];
-        } ctl;
-        memset(&ctl, 0, sizeof ctl);
-        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
-        if (!part) {
-            mh.msg_control = ctl.space;
-            mh.msg_controllen = sizeof ctl.space;
-            struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-            cm->cmsg_level = SOL_SOCKET;
-            cm->cmsg_type = SCM_RIGHTS;
-            cm->cmsg_len = CMSG_LEN(sizeof(int));
-            memcpy(CMSG_DATA(cm), &c[1], sizeof(int));
-        }
-        size_t want = iov[0].iov_len + iov[1].iov_len, done = 0;
-        while (done < want) {
-            ssize_t n = sendmsg(child, &mh, MSG_DONTWAIT);
-            if (n > 0) {
-                done += (size_t)n;
-                mh.msg_control = NULL;
-                mh.msg_controllen = 0;
-                size_t k = (size_t)n;
-                for (int i = 0; i < 2; i++) {
-                    size_t t = k < iov[i].iov_len ? k : iov[i].iov_len;
-                    iov[i].iov_base = (char *)iov[i].iov_base + t;
-                    iov[i].iov_len -= t;
-                    k -= t;
-                }
-            }
-            spin(o, 1);
-        }
-        sent += part ? REQ - sent : 1000;
-        spin(o, 20);
-    }
+    /* Sent from a thread while the keeper reads: a socket buffer holds less than this, so
+     * the keeper gets it in parts. */
+    struct big_take t = {child, req, c[1], false};
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, send_big_take, &t) == 0);
+    while (!atomic_load(&t.done))
+        spin(o, 1);
+    pthread_join(th, NULL);
+    spin(o, 20);
     close(c[1]);
     close(child);
     CHECK(cllm_owed_child_ended(o, true) == 1);
