@@ -21,9 +21,8 @@
 static bool hop_by_hop(const char *name)
 {
     static const char *const dropped[] = {
-        "Connection", "Keep-Alive", "Content-Length", "Transfer-Encoding",
-        "Expect",     "TE",         "Upgrade",        "Proxy-Connection",
-        CLLM_CUSTODY_RECEIVED, /* ours is added */
+        "Connection", "Keep-Alive", "Content-Length",   "Transfer-Encoding",   "Expect",
+        "TE",         "Upgrade",    "Proxy-Connection", CLLM_CUSTODY_RECEIVED, /* ours is added */
     };
     for (size_t i = 0; i < sizeof dropped / sizeof dropped[0]; i++)
         if (!strcasecmp(name, dropped[i]))
@@ -182,10 +181,10 @@ void cllm_custody_take(struct cllm_server *s, struct cllm_http_req *hr, const ch
     struct header_list l = {0};
     MHD_get_connection_values(hr->conn, MHD_HEADER_KIND, collect_header, &l);
     struct cllm_buf req = {0};
-    enum cllm_status st = l.failed ? CLLM_ERR_NOMEM
-                                   : cllm_custody_request_bytes(&req, method, hr->route->path, l.h,
-                                                                l.n, hr->t_start, hr->body.data,
-                                                                hr->body.len);
+    enum cllm_status st =
+        l.failed ? CLLM_ERR_NOMEM
+                 : cllm_custody_request_bytes(&req, method, hr->route->path, l.h, l.n, hr->t_start,
+                                              hr->body.data, hr->body.len);
     free(l.h);
     if (st || req.len > CLLM_CUSTODY_MAX_LEN) {
         cllm_log(CLLM_LOG_WARN, "custody: cannot keep %s %s for a restart: %s", hr->method, hr->url,

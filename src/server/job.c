@@ -208,8 +208,8 @@ enum cllm_status cllm_job_submit(struct cllm_server *s, struct cllm_job *j,
     struct cllm_request_params left; /* (the engine copies what it needs at submit) */
     if (waited > 0 && p->max_time > 0) {
         left = *p;
-        left.max_time = p->max_time - waited > MIN_MAX_TIME_S ? p->max_time - waited
-                                                              : MIN_MAX_TIME_S;
+        left.max_time =
+            p->max_time - waited > MIN_MAX_TIME_S ? p->max_time - waited : MIN_MAX_TIME_S;
         p = &left;
     }
     if (cllm_engine_queue_full(e))

@@ -58,7 +58,7 @@ struct cllm_owed {
     double ended_at;    /* when; see END_GRACE_S */
     bool child_running; /* between child_start and child_ended */
     struct cllm_buf in; /* custody bytes received, not yet taken apart */
-    int *fds; /* descriptors received, not yet matched with their TAKE message */
+    int *fds;           /* descriptors received, not yet matched with their TAKE message */
     size_t n_fds, fds_cap;
     struct poll_slot *slots;
     size_t slots_cap;
