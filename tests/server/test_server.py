@@ -1287,9 +1287,10 @@ def test_crash_restart():
 
 def test_replay_max_time():
     """A request the keeper replays keeps its max_time from when it was first received: a
-    /predict with max_time 6 whose serving process is killed 3 s in is answered (200, the
-    text the next process had by then) about 6 s after it was sent, not 6 s after the
-    restart. Only on the real model: the micro model's answers end long before 3 s."""
+    completion with max_time 6 (counting on: it would run far longer) whose serving process
+    is killed 3 s in is answered (200, the text the next process had by then) about 6 s after
+    it was sent, not 6 s after the restart. Only on the real model: the micro model's answers
+    end long before 3 s."""
     if os.environ.get("CLLM_SERVER_MODEL"):
         return
     srv = Server()
@@ -1298,18 +1299,19 @@ def test_replay_max_time():
             return
         res = {}
         t = time.monotonic()
-        th = in_thread(res, "predict", post, srv.port, "/predict",
+        th = in_thread(res, "completion", post, srv.port, "/v1/completions",
                        {"prompt": COUNTING, "max_tokens": 4000, "max_time": 6}, timeout=60)
         time.sleep(3)
         check(metric(srv.port, "cllm_requests_running") == 1, "the request runs 3 s in")
         os.kill(serving_child(srv), signal.SIGKILL)
         th.join(60)
         dt = time.monotonic() - t
-        v = res.get("predict", (None, 0))[0]
+        v = res.get("completion", (None, 0))[0]
         st, _, j = v if isinstance(v, tuple) else (None, None, v)
-        text = j.get("response") if isinstance(j, dict) else None
+        choice = (j.get("choices") or [{}])[0] if isinstance(j, dict) else {}
         # (without the carry-over: 3 s + the restart + 6 s)
-        check(st == 200 and isinstance(text, str) and dt < 9.5,
+        check(st == 200 and choice.get("text") and choice.get("finish_reason") == "length"
+              and dt < 9.5,
               f"the replayed request ends by its max_time, counted from when it was sent: "
               f"{dt:.1f} s: {st} {str(j)[:200]}")
         check("the serving process owed 1 answer(s)" in srv.text(), "it was replayed")
