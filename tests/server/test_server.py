@@ -1315,6 +1315,7 @@ def test_replay_max_time():
               f"the replayed request ends by its max_time, counted from when it was sent: "
               f"{dt:.1f} s: {st} {str(j)[:200]}")
         check("the serving process owed 1 answer(s)" in srv.text(), "it was replayed")
+        print(f"replay max_time: answered {dt:.1f} s after it was sent (max_time 6)", flush=True)
     finally:
         rc = srv.stop()
         check(rc == 0, f"the keeper exits 0 on SIGTERM: {rc}")
