@@ -274,13 +274,15 @@ struct big_take {
     int sock;
     const char *req;
     int fd;
+    enum cllm_status sent; /* checked on the main thread: the test's counters are not atomic */
     atomic_bool done;
 };
 
 static void *send_big_take(void *arg)
 {
     struct big_take *t = arg;
-    take(t->sock, 1, t->req, t->fd);
+    const struct cllm_custody_msg m = {CLLM_CUSTODY_TAKE, (uint32_t)strlen(t->req), 1};
+    t->sent = cllm_custody_send(t->sock, &m, t->req, t->fd);
     atomic_store(&t->done, true);
     return NULL;
 }
@@ -301,12 +303,13 @@ static void test_large(void)
     client_pair(c);
     /* Sent from a thread while the keeper reads: a socket buffer holds less than this, so
      * the keeper gets it in parts. */
-    struct big_take t = {child, req, c[1], false};
+    struct big_take t = {child, req, c[1], CLLM_ERR_IO, false};
     pthread_t th;
     CHECK(pthread_create(&th, NULL, send_big_take, &t) == 0);
     while (!atomic_load(&t.done))
         spin(o, 1);
     pthread_join(th, NULL);
+    CHECK(t.sent == CLLM_OK);
     spin(o, 20);
     close(c[1]);
     close(child);
