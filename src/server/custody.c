@@ -15,14 +15,23 @@
 #include "core/log.h"
 #include "engine/request.h"
 #include "server/http.h"
+#include "server/progress.h"
 
 /* --- the request as bytes --- */
 
 static bool hop_by_hop(const char *name)
 {
     static const char *const dropped[] = {
-        "Connection", "Keep-Alive", "Content-Length",   "Transfer-Encoding",   "Expect",
-        "TE",         "Upgrade",    "Proxy-Connection", CLLM_CUSTODY_RECEIVED, /* ours is added */
+        "Connection",
+        "Keep-Alive",
+        "Content-Length",
+        "Transfer-Encoding",
+        "Expect",
+        "TE",
+        "Upgrade",
+        "Proxy-Connection",
+        CLLM_CUSTODY_RECEIVED,        /* ours is added */
+        CLLM_CUSTODY_PROGRESS_HEADER, /* only a keeper's replay has one */
     };
     for (size_t i = 0; i < sizeof dropped / sizeof dropped[0]; i++)
         if (!strcasecmp(name, dropped[i]))
@@ -55,6 +64,44 @@ enum cllm_status cllm_custody_request_bytes(struct cllm_buf *out, const char *me
                               CLLM_CUSTODY_RECEIVED, received, len);
     if (!st && len)
         st = cllm_buf_append(out, body, len);
+    return st;
+}
+
+static const char *find(const char *hay, size_t n, const char *needle)
+{
+    return memmem(hay, n, needle, strlen(needle));
+}
+
+enum cllm_status cllm_custody_replay_bytes(struct cllm_buf *out, const char *req, size_t len,
+                                           uint64_t id, const void *progress, size_t n)
+{
+    /* The head is ours (cllm_custody_request_bytes): no CR or LF inside a line, one
+     * Content-Length, the body right after the blank line. */
+    static const char length_line[] = "\r\nContent-Length: ";
+    const char *end = find(req, len, "\r\n\r\n");
+    const char *cl = end ? find(req, (size_t)(end - req), length_line) : NULL;
+    if (!cl)
+        return CLLM_ERR_FORMAT;
+    const char *num = cl + strlen(length_line);
+    char *after;
+    errno = 0;
+    const unsigned long long body = strtoull(num, &after, 10);
+    const char *body_at = end + 4;
+    if (errno || after == num || after[0] != '\r' || after[1] != '\n' ||
+        body != (unsigned long long)(req + len - body_at))
+        return CLLM_ERR_FORMAT;
+    enum cllm_status st = cllm_buf_append(out, req, (size_t)(cl - req));
+    if (!st)
+        st = cllm_buf_appendf(out, "%s%llu", length_line, body + n);
+    if (!st)
+        st = cllm_buf_append(out, after, (size_t)(end - after));
+    if (!st)
+        st = cllm_buf_appendf(out, "\r\n%s: %llu %zu\r\n\r\n", CLLM_CUSTODY_PROGRESS_HEADER,
+                              (unsigned long long)id, n);
+    if (!st)
+        st = cllm_buf_append(out, body_at, (size_t)body);
+    if (!st && n)
+        st = cllm_buf_append(out, progress, n);
     return st;
 }
 
@@ -197,7 +244,7 @@ void cllm_custody_take(struct cllm_server *s, struct cllm_http_req *hr, const ch
     const struct cllm_custody_msg m = {CLLM_CUSTODY_TAKE, (uint32_t)req.len, id};
     if (!atomic_load(&s->custody_broken)) {
         if (cllm_custody_send(s->custody_fd, &m, req.data, hr->fd) == CLLM_OK)
-            hr->custody_id = id;
+            hr->custody_id = hr->progress_id = id;
         else
             custody_broken(s, "cannot hand a request to the keeper");
     }
@@ -215,6 +262,59 @@ double cllm_custody_received(struct cllm_http_req *hr)
     const double t = strtod(v, &end);
     /* (a time to come, or none, is no word of a keeper's) */
     return errno || end == v || *end || !(t > 0) || t > cllm_now() ? 0 : t;
+}
+
+void cllm_custody_replay_header(struct cllm_http_req *hr)
+{
+    const char *v =
+        MHD_lookup_connection_value(hr->conn, MHD_HEADER_KIND, CLLM_CUSTODY_PROGRESS_HEADER);
+    if (!v || hr->fd < 0 || !from_keeper(hr->fd))
+        return;
+    unsigned long long id = 0, n = 0;
+    int used = 0;
+    if (sscanf(v, "%llu %llu%n", &id, &n, &used) != 2 || v[used] ||
+        !(id & CLLM_CUSTODY_REPLAY_BIT) || n > CLLM_PROGRESS_MAX_LEN) {
+        cllm_log(CLLM_LOG_WARN, "custody: a replay with a bad %s header: it starts again",
+                 CLLM_CUSTODY_PROGRESS_HEADER);
+        return;
+    }
+    hr->progress_id = id;
+    hr->progress_len = (size_t)n;
+}
+
+void cllm_custody_split_progress(struct cllm_http_req *hr)
+{
+    const size_t n = hr->progress_len;
+    if (!n)
+        return;
+    hr->progress_len = 0;
+    if (hr->body.len < n) {
+        cllm_log(CLLM_LOG_WARN, "custody: a replay shorter than its progress: it starts again");
+        return;
+    }
+    hr->body.len -= n;
+    if (cllm_buf_append(&hr->progress, hr->body.data + hr->body.len, n) != CLLM_OK)
+        cllm_buf_free(&hr->progress); /* (it goes on from the prompts) */
+    hr->body.data[hr->body.len] = '\0';
+}
+
+void cllm_custody_report(void *ctx, const struct cllm_job *j)
+{
+    struct cllm_http_req *hr = ctx;
+    struct cllm_server *s = hr->srv;
+    if (!hr->progress_id || s->custody_fd < 0 || atomic_load(&s->custody_broken))
+        return;
+    struct cllm_buf bytes = {0};
+    if (cllm_progress_encode(&bytes, j->outs, j->n) == CLLM_OK) {
+        const struct cllm_custody_msg m = {CLLM_CUSTODY_PROGRESS, (uint32_t)bytes.len,
+                                           hr->progress_id};
+        pthread_mutex_lock(&s->custody_lock);
+        if (!atomic_load(&s->custody_broken) &&
+            cllm_custody_send(s->custody_fd, &m, bytes.data, -1) != CLLM_OK)
+            custody_broken(s, "cannot report a request's progress to the keeper");
+        pthread_mutex_unlock(&s->custody_lock);
+    }
+    cllm_buf_free(&bytes);
 }
 
 void cllm_custody_release(struct cllm_server *s, struct cllm_http_req *hr)

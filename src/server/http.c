@@ -306,6 +306,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             hr->waited = hr->t_start - received;
             hr->t_start = received;
         }
+        cllm_custody_replay_header(hr);
         return on_headers(s, hr, method);
     }
     if (hr->answered) {
@@ -318,7 +319,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         hr->n_read += n;
         /* Past the limit (a chunked body has no Content-Length): read on, keep nothing, answer
          * 413 once the body is over; past the drain limit, hang up. */
-        if (hr->n_read > s->cfg.max_body && !hr->reject_status)
+        if (hr->n_read > s->cfg.max_body + hr->progress_len && !hr->reject_status)
             reject(hr, 413, "the request body is larger than %zu bytes", s->cfg.max_body);
         if (hr->reject_status) {
             cllm_buf_free(&hr->body);
@@ -328,6 +329,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
     if (hr->reject_status)
         return cllm_http_reply_error(hr, hr->reject_status, "%s", hr->reject);
+    cllm_custody_split_progress(hr);
     if (hr->route->needs_model && !cllm_server_ready(s))
         return cllm_http_reply_error(hr, 503,
                                      atomic_load(&s->stopping) ? "the server is shutting down"
@@ -357,6 +359,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
              (long long)hr->job.n_completion_tokens, dt,
              toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection closed early)");
     cllm_buf_free(&hr->body);
+    cllm_buf_free(&hr->progress);
     free(hr);
 }
 
@@ -407,10 +410,36 @@ void cllm_http_stop(struct cllm_server *s)
     s->daemon = NULL;
 }
 
+/* Sets j to go on from what a dead serving process had generated for it (custody.h). */
+static void go_on(struct cllm_job *j, const struct cllm_buf *progress)
+{
+    if (!cllm_job_go_on(j, progress->data, progress->len)) {
+        cllm_log(CLLM_LOG_WARN, "custody: a replay's progress does not fit its request: it starts "
+                                "again from its prompts");
+        return;
+    }
+    int32_t complete = 0;
+    int64_t tokens = 0;
+    for (int32_t i = 0; i < j->n; i++) {
+        complete += j->outs[i].finished;
+        tokens += j->carried[i];
+    }
+    cllm_log(CLLM_LOG_INFO,
+             "custody: a replayed request goes on from the %lld tokens a dead process had "
+             "generated (%d of its %d answers complete)",
+             (long long)tokens, (int)complete, (int)j->n);
+}
+
 bool cllm_http_run_job(struct cllm_server *s, struct cllm_http_req *hr,
                        const struct cllm_request_params *p, bool list, enum MHD_Result *ret)
 {
     char err[512];
+    if (hr->progress.len) /* a replay of a request a dead process had begun */
+        go_on(&hr->job, &hr->progress);
+    if (hr->progress_id) {
+        hr->job.report = cllm_custody_report;
+        hr->job.report_ctx = hr;
+    }
     enum cllm_status st = cllm_job_submit(s, &hr->job, p, hr->waited, err, sizeof err);
     if (st) {
         *ret = cllm_http_reply_status(hr, st, err);

@@ -46,6 +46,10 @@ struct cllm_http_req {
     double waited;          /* a replayed request: seconds it spent before this process got it */
     int fd;                 /* the connection's socket, to notice a client that went away */
     uint64_t custody_id;    /* non-zero while the keeper holds a copy of it (custody.h) */
+    uint64_t progress_id;   /* the number its progress is reported to the keeper under (0:
+                               none): its custody_id, or its replay's */
+    size_t progress_len;    /* a replay: bytes of progress its body ends with, until split */
+    struct cllm_buf progress; /* a replay: the progress to go on from (progress.h) */
     struct cllm_job job;    /* the engine requests behind this HTTP request, if any */
 };
 

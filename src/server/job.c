@@ -10,6 +10,7 @@
 #include "core/log.h"
 #include "core/status.h"
 #include "server/http.h"
+#include "server/progress.h"
 #include "server/server.h"
 
 /* --- request fields --- */
@@ -198,6 +199,88 @@ enum cllm_status cllm_job_set_chat(struct cllm_server *s, struct cllm_job *j, in
 /* Shortest max_time a replayed request gets: it ends at its first step. */
 #define MIN_MAX_TIME_S 1e-3
 
+/* Submits prompt and the text generated for it so far (n_generated tokens, re-tokenized:
+ * where the text is cut, the tokens may be split otherwise than they were drawn) to e, with p
+ * but what is left of its max_tokens, the penalties counting that text's tokens as generated
+ * (n_carried). CLLM_ERR_RANGE when no token is left. */
+static enum cllm_status submit_from(struct cllm_server *s, struct cllm_engine *e,
+                                    const struct cllm_ids *prompt, const struct cllm_buf *text,
+                                    int32_t n_generated, struct cllm_request_params p,
+                                    struct cllm_request **r, char *err, size_t err_len)
+{
+    const int32_t left = p.max_tokens - n_generated;
+    if (left <= 0)
+        return cllm_fail(err, err_len, CLLM_ERR_RANGE, "no tokens left");
+    struct cllm_ids ids = {0};
+    enum cllm_status st = cllm_ids_append(&ids, prompt->v, prompt->n);
+    if (!st && text->len)
+        st = cllm_tokenize(s->mf->tok, text->data, text->len, &ids);
+    p.max_tokens = left;
+    p.n_carried = (int32_t)(ids.n - prompt->n);
+    if (st)
+        cllm_fail(err, err_len, st, "out of memory");
+    else
+        st = cllm_engine_submit(e, ids.v, (int32_t)ids.n, &p, r, err, err_len);
+    cllm_ids_free(&ids);
+    return st;
+}
+
+bool cllm_job_go_on(struct cllm_job *j, const void *progress, size_t len)
+{
+    struct cllm_progress_entry *from = cllm_calloc_array((size_t)j->n, sizeof *from);
+    int32_t *carried = cllm_calloc_array((size_t)j->n, sizeof *carried);
+    bool ok = from && carried && !j->carried &&
+              cllm_progress_decode(progress, len, j->n, from) == CLLM_OK;
+    for (int32_t i = 0; ok && i < j->n; i++)
+        ok = cllm_buf_append(&j->outs[i].text, from[i].text, from[i].len) == CLLM_OK;
+    if (!ok) {
+        for (int32_t i = 0; i < j->n; i++)
+            cllm_buf_free(&j->outs[i].text);
+        free(carried);
+        free(from);
+        return false;
+    }
+    for (int32_t i = 0; i < j->n; i++) {
+        struct cllm_request_output *o = &j->outs[i];
+        carried[i] = from[i].n_generated;
+        if (from[i].finished) {
+            o->finished = true;
+            o->reason = from[i].reason;
+            o->n_prompt = (int32_t)j->prompts[i].n;
+            o->n_generated = from[i].n_generated;
+            o->t_finish = cllm_now();
+        }
+    }
+    j->carried = carried;
+    free(from);
+    return true;
+}
+
+/* Submits prompt i of j, going on from the text it has when it had begun (cllm_job_go_on):
+ * one that cannot (no tokens left, or too long for the engine) ends with that text. */
+static enum cllm_status submit_one(struct cllm_server *s, struct cllm_engine *e, struct cllm_job *j,
+                                   int32_t i, const struct cllm_request_params *p, char *err,
+                                   size_t err_len)
+{
+    const struct cllm_ids *ids = &j->prompts[i];
+    struct cllm_request_output *o = &j->outs[i];
+    const int32_t carried = j->carried ? j->carried[i] : 0;
+    if (carried == 0)
+        return cllm_engine_submit(e, ids->v, (int32_t)ids->n, p, &j->reqs[i], err, err_len);
+    enum cllm_status st = submit_from(s, e, ids, &o->text, carried, *p, &j->reqs[i], err, err_len);
+    if (st == CLLM_OK || st == CLLM_ERR_BUSY || st == CLLM_ERR_NOMEM)
+        return st;
+    if (p->max_tokens > carried)
+        cllm_log(CLLM_LOG_WARN, "a replayed answer cannot go on (%s): it ends with its text so far",
+                 err);
+    o->finished = true;
+    o->reason = CLLM_FINISH_LENGTH;
+    o->n_prompt = (int32_t)ids->n;
+    o->n_generated = carried;
+    o->t_finish = cllm_now();
+    return CLLM_OK;
+}
+
 enum cllm_status cllm_job_submit(struct cllm_server *s, struct cllm_job *j,
                                  const struct cllm_request_params *p, double waited, char *err,
                                  size_t err_len)
@@ -214,12 +297,15 @@ enum cllm_status cllm_job_submit(struct cllm_server *s, struct cllm_job *j,
     }
     if (cllm_engine_queue_full(e))
         return cllm_fail(err, err_len, CLLM_ERR_BUSY, "the queue is full: try again later");
+    j->next_report = cllm_now() + CLLM_JOB_REPORT_S;
     for (int32_t i = 0; i < j->n; i++) {
-        const struct cllm_ids *ids = &j->prompts[i];
-        enum cllm_status st =
-            cllm_engine_submit(e, ids->v, (int32_t)ids->n, p, &j->reqs[i], err, err_len);
+        if (j->outs[i].finished) /* complete before a crash (cllm_job_go_on) */
+            continue;
+        enum cllm_status st = submit_one(s, e, j, i, p, err, err_len);
         if (st) {
             for (int32_t k = 0; k < i; k++) {
+                if (!j->reqs[k])
+                    continue;
                 cllm_request_cancel(j->reqs[k]);
                 cllm_request_release(j->reqs[k]);
                 j->reqs[k] = NULL;
@@ -283,22 +369,14 @@ struct cllm_request *cllm_job_resume(struct cllm_server *s, struct cllm_engine *
     struct cllm_request *r = NULL;
     enum cllm_status st = CLLM_ERR_RANGE;
     if (prompt && left > 0 && (deadline <= 0 || now < deadline)) {
-        struct cllm_ids ids = {0};
-        st = cllm_ids_append(&ids, prompt->v, prompt->n);
-        if (!st && text->len)
-            st = cllm_tokenize(s->mf->tok, text->data, text->len, &ids);
         struct cllm_request_params p = *params;
-        p.max_tokens = left;
         p.max_time = deadline > 0 ? deadline - now : 0;
-        p.n_carried = (int32_t)(ids.n - prompt->n); /* the penalties go on counting them */
         char err[256];
-        if (!st)
-            st = cllm_engine_submit(to, ids.v, (int32_t)ids.n, &p, &r, err, sizeof err);
+        st = submit_from(s, to, prompt, text, o->n_generated, p, &r, err, sizeof err);
         if (st)
             cllm_log(CLLM_LOG_ERROR,
                      "request %llu cannot go on on the CPU (%s): it ends with the text so far",
-                     (unsigned long long)old->id, cllm_status_str(st));
-        cllm_ids_free(&ids);
+                     (unsigned long long)old->id, err);
     }
     cllm_request_cancel(old); /* a stuck engine that answers again drops it */
     if (st) {
@@ -359,11 +437,34 @@ static void give_up_late(struct cllm_server *s, struct cllm_job *j, int32_t next
     const double now = cllm_now();
     int32_t n_stalled = 0;
     for (int32_t i = next; i < j->n; i++)
-        if (cllm_job_give_up(j->reqs[i], &j->outs[i], stalled, now) && stalled)
+        if (j->reqs[i] && cllm_job_give_up(j->reqs[i], &j->outs[i], stalled, now) && stalled)
             n_stalled++;
     if (n_stalled)
         cllm_log(CLLM_LOG_ERROR, "%d requests end with the text so far: %s", (int)n_stalled,
                  stalled);
+}
+
+/* What a report would show: the tokens generated and the answers complete (both only grow,
+ * so their sum changes with either). */
+static int64_t progress_mark(const struct cllm_job *j)
+{
+    int64_t m = 0;
+    for (int32_t i = 0; i < j->n; i++)
+        m += (int64_t)j->outs[i].n_generated + j->outs[i].finished;
+    return m;
+}
+
+static void maybe_report(struct cllm_job *j)
+{
+    const double now = cllm_now();
+    if (!j->report || now < j->next_report)
+        return;
+    j->next_report = now + CLLM_JOB_REPORT_S;
+    const int64_t mark = progress_mark(j);
+    if (mark != j->reported) {
+        j->report(j->report_ctx, j);
+        j->reported = mark;
+    }
 }
 
 enum cllm_job_end cllm_job_wait(struct cllm_server *s, struct cllm_job *j, int fd)
@@ -381,6 +482,7 @@ enum cllm_job_end cllm_job_wait(struct cllm_server *s, struct cllm_job *j, int f
         for (int32_t i = next + 1; i < j->n; i++)
             if (!j->outs[i].finished)
                 poll_one(j, i, 0);
+        maybe_report(j);
         if (atomic_load(&s->stopping)) {
             cancel_all(j);
             return CLLM_JOB_STOPPING;
@@ -425,6 +527,9 @@ void cllm_job_finish(struct cllm_job *j, struct cllm_metrics *m)
             j->n_prompt_tokens += o->n_prompt;
             j->n_completion_tokens += o->n_generated;
             cllm_request_release(r);
+        } else { /* complete before a crash (cllm_job_go_on), or never submitted (zeros) */
+            j->n_prompt_tokens += j->outs[i].n_prompt;
+            j->n_completion_tokens += j->outs[i].n_generated;
         }
         cllm_ids_free(&j->prompts[i]);
         cllm_buf_free(&j->outs[i].text);

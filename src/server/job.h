@@ -34,8 +34,15 @@ struct cllm_job {
     struct cllm_request_output *outs; /* [n] answers as collected so far */
     struct cllm_engine *engine;       /* the engine reqs run on (set at submit) */
     const struct cllm_request_params *params; /* as submitted; must outlive the wait */
-    int32_t *carried; /* [n] tokens each request generated on a stalled engine before it went
-                         on on the CPU (NULL: none did); outs count them in */
+    int32_t *carried; /* [n] tokens each request generated before it went on from its text
+                         so far: on a stalled engine before the CPU, or in a dead serving
+                         process (cllm_job_go_on) (NULL: none did); outs count them in */
+    /* Called by cllm_job_wait about once a CLLM_JOB_REPORT_S while the answers grow (NULL:
+     * never): custody.h's progress, for a serving process that may have to go on from it. */
+    void (*report)(void *ctx, const struct cllm_job *j);
+    void *report_ctx;
+    double next_report;               /* monotonic seconds */
+    int64_t reported;                 /* what the last report showed (see job.c, progress_mark) */
     int64_t n_prompt_tokens;          /* totals, known after cllm_job_finish */
     int64_t n_completion_tokens;
 };
@@ -69,10 +76,22 @@ enum cllm_status cllm_job_set_chat(struct cllm_server *s, struct cllm_job *j, in
                                    const char *what, const struct cllm_chat_message *msgs, size_t n,
                                    char *err, size_t err_len);
 
-/* Submits every prompt with p. All or nothing: when one is refused (CLLM_ERR_BUSY: the queue
- * is full), those already queued are cancelled and released. waited: seconds the request
- * spent before this process got it (a replay, custody.h), which its max_time counts too
- * (one already past it ends at its first step). */
+/* Seconds between two reports of a job's progress (cllm_job.report). */
+#define CLLM_JOB_REPORT_S 1.0
+
+/* Sets the job (its prompts set, not submitted yet) to go on from progress (progress.h: the
+ * bytes a dead serving process reported for this request): a prompt whose answer was complete
+ * is not submitted again, its answer is the text it had; one that had begun goes on from the
+ * text it had (as after a stall, cllm_job_wait), the tokens it had counted in. False, the job
+ * untouched, when the bytes are not progress of this job's n prompts. */
+bool cllm_job_go_on(struct cllm_job *j, const void *progress, size_t len);
+
+/* Submits every prompt with p (but those cllm_job_go_on found complete; one that goes on
+ * from its text with what is left of max_tokens, and ending with that text when nothing is,
+ * or when the engine refuses it for its length). All or nothing: when one is refused
+ * (CLLM_ERR_BUSY: the queue is full), those already queued are cancelled and released. waited:
+ * seconds the request spent before this process got it (a replay, custody.h), which its max_time
+ * counts too (one already past it ends at its first step). */
 enum cllm_status cllm_job_submit(struct cllm_server *s, struct cllm_job *j,
                                  const struct cllm_request_params *p, double waited, char *err,
                                  size_t err_len);

@@ -33,8 +33,11 @@ struct owed_req {
     uint64_t id;          /* the serving process's number for it (HELD) */
     int client;           /* the keeper's copy of the client's connection */
     struct cllm_buf req;  /* the request as bytes (custody.h) */
+    struct cllm_buf progress; /* its answers so far, as last reported (progress.h) */
+    uint64_t replay_id;       /* REPLAYING: the number its progress is reported under */
     int pump;             /* REPLAYING: the keeper's end of the replay's connection */
-    size_t sent;          /* REPLAYING: request bytes written to pump */
+    struct cllm_buf wire; /* REPLAYING: the replay's bytes (the request and its progress) */
+    size_t sent;          /* REPLAYING: bytes of wire written to pump */
     struct cllm_buf back; /* answer bytes read from pump, not yet written to the client */
     size_t back_off;      /* bytes of back written */
     size_t n_back;        /* answer bytes of this replay so far */
@@ -62,6 +65,7 @@ struct cllm_owed {
     size_t n_fds, fds_cap;
     struct poll_slot *slots;
     size_t slots_cap;
+    uint64_t replays; /* replays begun, for their numbers */
 };
 
 struct cllm_owed *cllm_owed_new(void)
@@ -84,6 +88,8 @@ static void finish(struct owed_req *q)
     close_fd(&q->client);
     close_fd(&q->pump);
     cllm_buf_free(&q->req);
+    cllm_buf_free(&q->progress);
+    cllm_buf_free(&q->wire);
     cllm_buf_free(&q->back);
     q->state = DONE;
 }
@@ -187,6 +193,27 @@ static struct owed_req *find_held(struct cllm_owed *o, uint64_t id)
     return NULL;
 }
 
+/* The request whose progress is reported as id: one held, or one being replayed. */
+static struct owed_req *find_reporting(struct cllm_owed *o, uint64_t id)
+{
+    if (!(id & CLLM_CUSTODY_REPLAY_BIT))
+        return find_held(o, id);
+    for (size_t i = 0; i < o->n; i++)
+        if (o->r[i].state == REPLAYING && o->r[i].replay_id == id)
+            return &o->r[i];
+    return NULL;
+}
+
+/* Keeps the progress reported for request id (replacing the last); false when out of memory. */
+static bool keep_progress(struct cllm_owed *o, uint64_t id, const char *bytes, size_t len)
+{
+    struct owed_req *q = find_reporting(o, id);
+    if (!q) /* (answered meanwhile) */
+        return true;
+    q->progress.len = 0;
+    return cllm_buf_append(&q->progress, bytes, len) == CLLM_OK;
+}
+
 /* Takes apart the complete messages in o->in; false on a message that makes no sense. */
 static bool take_messages(struct cllm_owed *o)
 {
@@ -194,7 +221,8 @@ static bool take_messages(struct cllm_owed *o)
     size_t off = 0; /* bytes of o->in taken apart */
     while (o->in.len - off >= sizeof m) {
         memcpy(&m, o->in.data + off, sizeof m);
-        if ((m.type != CLLM_CUSTODY_TAKE && m.type != CLLM_CUSTODY_RELEASE) ||
+        if ((m.type != CLLM_CUSTODY_TAKE && m.type != CLLM_CUSTODY_RELEASE &&
+             m.type != CLLM_CUSTODY_PROGRESS) ||
             m.len > CLLM_CUSTODY_MAX_LEN || (m.type == CLLM_CUSTODY_RELEASE && m.len))
             return false;
         if (o->in.len - off - sizeof m < m.len)
@@ -205,6 +233,11 @@ static bool take_messages(struct cllm_owed *o)
             struct owed_req *q = find_held(o, m.id);
             if (q)
                 finish(q); /* (compacted later: cllm_owed_handle's slots index the table) */
+            continue;
+        }
+        if (m.type == CLLM_CUSTODY_PROGRESS) {
+            if (!keep_progress(o, m.id, bytes, m.len))
+                return false;
             continue;
         }
         if (o->n_fds == 0) /* a descriptor comes with the first byte of its message */
@@ -325,16 +358,26 @@ size_t cllm_owed_child_ended(struct cllm_owed *o, bool died)
     return cllm_owed_count(o);
 }
 
-/* OWED -> REPLAYING: a new connection to the serving process, the request to be written. */
+/* OWED -> REPLAYING: a new connection to the serving process, the request and its progress
+ * to be written. */
 static void start_replay(struct cllm_owed *o, struct owed_req *q)
 {
+    const uint64_t id = ++o->replays | CLLM_CUSTODY_REPLAY_BIT;
+    q->wire.len = 0;
+    enum cllm_status st = cllm_custody_replay_bytes(&q->wire, q->req.data, q->req.len, id,
+                                                    q->progress.data, q->progress.len);
+    if (st == CLLM_ERR_FORMAT) { /* (not from cllm_custody_request_bytes: sent as they are) */
+        cllm_log(CLLM_LOG_WARN, "keeper: a request owed is replayed without its progress");
+        q->wire.len = 0;
+        st = cllm_buf_append(&q->wire, q->req.data, q->req.len);
+    }
     int sv[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) != 0) {
+    if (st || socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) != 0) {
         q->retry_at = cllm_now() + RETRY_PAUSE_S;
         return;
     }
     const struct cllm_custody_msg m = {CLLM_CUSTODY_REPLAY, 0, 0};
-    const enum cllm_status st = cllm_custody_send(o->sock, &m, NULL, sv[1]);
+    st = cllm_custody_send(o->sock, &m, NULL, sv[1]);
     close(sv[1]);
     if (st != CLLM_OK) {
         close(sv[0]);
@@ -342,12 +385,14 @@ static void start_replay(struct cllm_owed *o, struct owed_req *q)
         return;
     }
     q->state = REPLAYING;
+    q->replay_id = id;
     q->pump = sv[0];
     q->sent = 0;
     q->n_back = 0;
     q->tries++;
-    cllm_log(CLLM_LOG_INFO, "keeper: replaying a request the dead serving process owed (try %d)",
-             q->tries);
+    cllm_log(CLLM_LOG_INFO,
+             "keeper: replaying a request the dead serving process owed (try %d, %s)", q->tries,
+             q->progress.len ? "with the progress it had" : "from its prompts");
 }
 
 static struct poll_slot *slot(struct cllm_owed *o, size_t i)
@@ -410,7 +455,7 @@ size_t cllm_owed_poll_fds(struct cllm_owed *o, struct pollfd *p, size_t cap, int
         if (q->state == REPLAYING && k < cap && (sl = slot(o, k))) {
             *sl = (struct poll_slot){ROLE_PUMP, i};
             p[k++] = (struct pollfd){.fd = q->pump,
-                                     .events = POLLIN | (q->sent < q->req.len ? POLLOUT : 0)};
+                                     .events = POLLIN | (q->sent < q->wire.len ? POLLOUT : 0)};
         }
     }
     return k;
@@ -421,6 +466,7 @@ size_t cllm_owed_poll_fds(struct cllm_owed *o, struct pollfd *p, size_t cap, int
 static void replay_ended(struct owed_req *q)
 {
     close_fd(&q->pump);
+    cllm_buf_free(&q->wire); /* (a next replay writes it anew, with the progress it has then) */
     if (q->n_back > 0) {
         q->state = FLUSHING;
         return;
@@ -439,9 +485,9 @@ static void replay_ended(struct owed_req *q)
 
 static void pump(struct owed_req *q, short revents)
 {
-    if ((revents & POLLOUT) && q->sent < q->req.len) {
-        ssize_t n =
-            send(q->pump, q->req.data + q->sent, q->req.len - q->sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if ((revents & POLLOUT) && q->sent < q->wire.len) {
+        ssize_t n = send(q->pump, q->wire.data + q->sent, q->wire.len - q->sent,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n > 0)
             q->sent += (size_t)n;
         else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {

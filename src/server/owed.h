@@ -1,8 +1,9 @@
 /*
  * The keeper's side of custody.h: the requests its serving process holds, and those a dead one
  * owed, replayed to the next serving process once it is ready. A replay is a new local
- * connection (a socket pair) to the serving process: the keeper writes the request into it and
- * copies what comes back to the client's connection, which it then closes. A replay that ends
+ * connection (a socket pair) to the serving process: the keeper writes the request into it,
+ * with the progress last reported for it (custody.h), and copies what comes back to the
+ * client's connection, which it then closes. A replay that ends
  * before a byte of an answer came back (the serving process died again, or could not take it)
  * is tried once more: a request that kills every process it reaches is given up after three.
  * A client that goes away meanwhile is let go.

@@ -50,6 +50,44 @@ static void test_request_bytes(void)
                         "\r\n"
                         "{\"a\":1}";
     CHECKF(b.len == sizeof want - 1 && !memcmp(b.data, want, b.len), "%.*s", (int)b.len, b.data);
+
+    /* The keeper's replay of it: the progress after the body, counted in its length. */
+    struct cllm_buf r = {0};
+    CHECK(cllm_custody_replay_bytes(&r, b.data, b.len, CLLM_CUSTODY_REPLAY_BIT | 5, "PRG", 3) ==
+          CLLM_OK);
+    const char want_replay[] = "POST /predict HTTP/1.1\r\n"
+                               "Host: 127.0.0.1:8000\r\n"
+                               "Content-Type: application/json\r\n"
+                               "Authorization: Bearer k\r\n"
+                               "X-Cllm-Received: 12.500000\r\n"
+                               "Content-Length: 10\r\n"
+                               "Connection: close\r\n"
+                               "X-Cllm-Progress: 9223372036854775813 3\r\n"
+                               "\r\n"
+                               "{\"a\":1}PRG";
+    CHECKF(r.len == sizeof want_replay - 1 && !memcmp(r.data, want_replay, r.len), "%.*s",
+           (int)r.len, r.data);
+    r.len = 0;
+    CHECK(cllm_custody_replay_bytes(&r, b.data, b.len, CLLM_CUSTODY_REPLAY_BIT, NULL, 0) ==
+              CLLM_OK &&
+          strstr(r.data, "Content-Length: 7\r\n") &&
+          strstr(r.data, "X-Cllm-Progress: 9223372036854775808 0\r\n\r\n{\"a\":1}"));
+    /* bytes that are not a request made so are refused, not rewritten */
+    const char *const not_ours[] = {
+        "REQ1",
+        "POST / HTTP/1.1\r\nHost: x\r\n\r\nbody",               /* no length */
+        "POST / HTTP/1.1\r\nContent-Length: 9\r\n\r\nbody",     /* the wrong length */
+        "POST / HTTP/1.1\r\nContent-Length: x\r\n\r\nbody",     /* no number */
+        "POST / HTTP/1.1\r\nContent-Length: 4 \r\n\r\nbody",    /* more after it */
+        "POST / HTTP/1.1\r\n\r\nContent-Length: 4\r\n\r\nbody", /* in the body */
+    };
+    for (size_t i = 0; i < sizeof not_ours / sizeof not_ours[0]; i++) {
+        r.len = 0;
+        CHECKF(cllm_custody_replay_bytes(&r, not_ours[i], strlen(not_ours[i]), 1, "P", 1) ==
+                   CLLM_ERR_FORMAT,
+               "%zu", i);
+    }
+    cllm_buf_free(&r);
     cllm_buf_free(&b);
     CHECK(cllm_custody_request_bytes(&b, "POST", "/a b", NULL, 0, 1, "", 0) != CLLM_OK);
     CHECK(cllm_custody_request_bytes(&b, "PO\nST", "/a", NULL, 0, 1, "", 0) != CLLM_OK);
@@ -110,6 +148,12 @@ static size_t read_for(struct cllm_owed *o, int fd, char *buf, size_t cap, int m
     }
     buf[got] = 0;
     return got;
+}
+
+static void progress(int sock, uint64_t id, const char *bytes)
+{
+    const struct cllm_custody_msg m = {CLLM_CUSTODY_PROGRESS, (uint32_t)strlen(bytes), id};
+    CHECK(cllm_custody_send(sock, &m, bytes, -1) == CLLM_OK);
 }
 
 /* The replay the keeper sends to the serving process: its connection, or -1. */
@@ -338,10 +382,70 @@ static void test_large(void)
     free(got);
 }
 
+/* The progress a serving process reports for a request it holds goes with the request's
+ * replay; the replay's own progress, reported under the number it came with, goes with the
+ * next replay when the next process dies too. */
+static void test_progress_replay(void)
+{
+    struct cllm_owed *o = cllm_owed_new();
+    int child = cllm_owed_child_start(o);
+    int c[2];
+    client_pair(c);
+    struct cllm_buf req = {0};
+    CHECK(cllm_custody_request_bytes(&req, "POST", "/predict", NULL, 0, 1.5, "{}", 2) == CLLM_OK);
+    take(child, 7, req.data, c[1]);
+    close(c[1]);
+    progress(child, 7, "first");
+    progress(child, 7, "second");    /* replaces the first */
+    progress(child, 99, "nobody's"); /* (answered meanwhile): nothing to keep */
+    spin(o, 50);
+    close(child);
+    CHECK(cllm_owed_child_ended(o, true) == 1);
+
+    char buf[512];
+    bool eof;
+    struct cllm_buf want = {0};
+    for (int round = 1; round <= 2; round++) {
+        child = cllm_owed_child_start(o);
+        cllm_owed_child_ready(o);
+        int r = receive_replay(child, o);
+        CHECK(r >= 0);
+        read_for(o, r, buf, sizeof buf, 300, &eof);
+        const uint64_t id = CLLM_CUSTODY_REPLAY_BIT | (uint64_t)round;
+        want.len = 0;
+        CHECK(cllm_custody_replay_bytes(&want, req.data, req.len, id,
+                                        round == 1 ? "second" : "third",
+                                        round == 1 ? 6 : 5) == CLLM_OK);
+        CHECKF(!strcmp(buf, want.data), "replay %d: %s", round, buf);
+        if (round == 1) {
+            /* the replay reports under its number; then its process dies too */
+            progress(child, id, "third");
+            progress(child, 7, "stale"); /* no longer held */
+            spin(o, 50);
+            close(r);
+            close(child);
+            spin(o, 50);
+            CHECK(cllm_owed_child_ended(o, true) == 1);
+        } else {
+            CHECK(send(r, "ANSWER", 6, MSG_NOSIGNAL) == 6);
+            close(r);
+        }
+    }
+    read_for(o, c[0], buf, sizeof buf, 500, &eof);
+    CHECKF(!strcmp(buf, "ANSWER") && eof, "%s eof %d", buf, eof);
+    CHECK(cllm_owed_count(o) == 0);
+    close(c[0]);
+    close(child);
+    cllm_owed_free(o);
+    cllm_buf_free(&want);
+    cllm_buf_free(&req);
+}
+
 int main(void)
 {
     test_request_bytes();
     test_keeper_side();
+    test_progress_replay();
     test_large();
     return test_summary();
 }
