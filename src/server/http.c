@@ -411,7 +411,7 @@ void cllm_http_stop(struct cllm_server *s)
 }
 
 /* Sets j to go on from what a dead serving process had generated for it (custody.h). */
-static void go_on(struct cllm_job *j, const struct cllm_buf *progress)
+static void go_on(struct cllm_server *s, struct cllm_job *j, const struct cllm_buf *progress)
 {
     if (!cllm_job_go_on(j, progress->data, progress->len)) {
         cllm_log(CLLM_LOG_WARN, "custody: a replay's progress does not fit its request: it starts "
@@ -424,6 +424,7 @@ static void go_on(struct cllm_job *j, const struct cllm_buf *progress)
         complete += j->outs[i].finished;
         tokens += j->carried[i];
     }
+    atomic_fetch_add(&s->metrics.replayed_tokens, (uint_fast64_t)tokens);
     cllm_log(CLLM_LOG_INFO,
              "custody: a replayed request goes on from the %lld tokens a dead process had "
              "generated (%d of its %d answers complete)",
@@ -435,7 +436,7 @@ bool cllm_http_run_job(struct cllm_server *s, struct cllm_http_req *hr,
 {
     char err[512];
     if (hr->progress.len) /* a replay of a request a dead process had begun */
-        go_on(&hr->job, &hr->progress);
+        go_on(s, &hr->job, &hr->progress);
     if (hr->progress_id) {
         hr->job.report = cllm_custody_report;
         hr->job.report_ctx = hr;

@@ -32,6 +32,7 @@ void cllm_metrics_init(struct cllm_metrics *m)
 {
     memset(m, 0, sizeof *m);
     atomic_init(&m->replayed, 0);
+    atomic_init(&m->replayed_tokens, 0);
     pthread_mutex_init(&m->lock, NULL);
 #define N(a) ((int)(sizeof(a) / sizeof((a)[0])))
     _Static_assert(N(ttft_bounds) <= CLLM_METRICS_MAX_BUCKETS, "ttft buckets");
@@ -164,6 +165,10 @@ enum cllm_status cllm_metrics_render(struct cllm_metrics *m, const struct cllm_e
          "Requests a dead serving process owed that the keeper replayed to this one.");
     put(&t, "cllm_server_replayed_requests_total %llu\n",
         (unsigned long long)atomic_load(&m->replayed));
+    head(&t, "cllm_server_replayed_tokens_total", "counter",
+         "Tokens a dead serving process had generated that its replays went on from.");
+    put(&t, "cllm_server_replayed_tokens_total %llu\n",
+        (unsigned long long)atomic_load(&m->replayed_tokens));
     enum cllm_status st = t.failed ? CLLM_ERR_NOMEM : cllm_buf_append(out, t.b.data, t.b.len);
     cllm_buf_free(&t.b);
     return st;

@@ -40,6 +40,7 @@ struct cllm_metrics {
     struct cllm_histogram duration; /* seconds from the first byte of a request to its end */
     int restarts; /* serving processes that died before this one (keeper.h); set at start */
     atomic_uint_fast64_t replayed; /* requests a dead process owed, taken by this one */
+    atomic_uint_fast64_t replayed_tokens; /* tokens of theirs it went on from (custody.h) */
 };
 
 void cllm_metrics_init(struct cllm_metrics *m);

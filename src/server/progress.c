@@ -68,7 +68,7 @@ enum cllm_status cllm_progress_decode(const void *bytes, size_t len, int32_t n,
                                : h.finished == 0 ? h.reason == CLLM_FINISH_NONE
                                                  : false;
         if (!reason_ok || h.zero || h.n_generated < 0 || h.n_generated > CLLM_PROGRESS_MAX_TOKENS ||
-            (size_t)(end - p) < h.len)
+            (h.len && !h.n_generated) || (size_t)(end - p) < h.len)
             return CLLM_ERR_FORMAT;
         entries[i] = (struct cllm_progress_entry){
             .finished = h.finished,

@@ -43,7 +43,8 @@ enum cllm_status cllm_progress_encode(struct cllm_buf *out, const struct cllm_re
 
 /* Decodes bytes[0..len) into entries[0..n) for a job of n prompts. CLLM_ERR_FORMAT unless the
  * bytes are exactly n well-formed entries (the wrong count, a length past the end, bytes left
- * over, an unknown reason, a count out of [0, CLLM_PROGRESS_MAX_TOKENS]). */
+ * over, an unknown reason, a count out of [0, CLLM_PROGRESS_MAX_TOKENS], text without a
+ * token). */
 enum cllm_status cllm_progress_decode(const void *bytes, size_t len, int32_t n,
                                       struct cllm_progress_entry *entries);
 

@@ -76,7 +76,7 @@ static void test_round_trip(void)
             if (cllm_progress_decode(m, b.len, 4, e) == CLLM_OK) {
                 for (int i = 0; i < 4; i++)
                     bad += e[i].text < m || e[i].text + e[i].len > m + b.len ||
-                           e[i].n_generated < 0 ||
+                           e[i].n_generated < 0 || (e[i].len && !e[i].n_generated) ||
                            (e[i].finished ? e[i].reason != CLLM_FINISH_STOP &&
                                                 e[i].reason != CLLM_FINISH_LENGTH &&
                                                 e[i].reason != CLLM_FINISH_TIME
@@ -123,6 +123,12 @@ static void test_limits(void)
     struct cllm_progress_entry e;
     CHECK(cllm_progress_decode(b.data, b.len, 1, &e) == CLLM_ERR_FORMAT);
     CHECK(cllm_progress_decode(NULL, 0, 1, &e) == CLLM_ERR_FORMAT);
+    b.len = 0;
+    o.n_generated = 0; /* text that no token made */
+    o.text.data = "x";
+    o.text.len = 1;
+    CHECK(cllm_progress_encode(&b, &o, 1) == CLLM_OK);
+    CHECK(cllm_progress_decode(b.data, b.len, 1, &e) == CLLM_ERR_FORMAT);
     cllm_buf_free(&b);
 }
 

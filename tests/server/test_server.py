@@ -1374,8 +1374,10 @@ def test_replay_goes_on():
                       r"\((\d+) of its 2 answers complete\)", srv.text())
         check(m and int(m.group(1)) > 0 and m.group(2) == "1",
               f"the list went on from its progress: {m and m.group(0)}")
-        check(len(re.findall(r"goes on from the \d+ tokens", srv.text())) == 2,
-              "both requests went on from their progress")
+        carried = [int(n) for n in re.findall(r"goes on from the (\d+) tokens", srv.text())]
+        check(len(carried) == 2, f"both requests went on from their progress: {carried}")
+        check(metric(port, "cllm_server_replayed_tokens_total") == sum(carried),
+              f"/metrics counts the tokens the replays went on from: {sum(carried)}")
         print(f"replay goes on: killed {t_kill - t:.1f} s in, answered {t_done - t_kill:.1f} s "
               f"after the kill; {t_ref:.1f} s without a kill", flush=True)
     finally:
