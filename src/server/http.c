@@ -363,6 +363,21 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     free(hr);
 }
 
+/* libmicrohttpd's complaints that a socket takes no TCP options: a keeper's replay comes on
+ * a local socket (custody.h), where they fail every time and harm nothing. */
+static bool about_tcp_options(const char *line)
+{
+    static const char *const known[] = {
+        "Setting TCP_NODELAY option",
+        "Setting TCP_CORK option",
+        "Failed to push the data from buffers to the network",
+    };
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (!strncmp(line, known[i], strlen(known[i])))
+            return true;
+    return false;
+}
+
 static void mhd_log(void *cls, const char *fmt, va_list ap)
 {
     (void)cls;
@@ -371,7 +386,7 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     size_t n = strlen(line);
     while (n && (line[n - 1] == '\n' || line[n - 1] == '\r'))
         line[--n] = 0;
-    cllm_log(CLLM_LOG_WARN, "http: %s", line);
+    cllm_log(about_tcp_options(line) ? CLLM_LOG_DEBUG : CLLM_LOG_WARN, "http: %s", line);
 }
 
 enum cllm_status cllm_http_start(struct cllm_server *s, char *err, size_t err_len)

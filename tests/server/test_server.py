@@ -1378,6 +1378,8 @@ def test_replay_goes_on():
         check(len(carried) == 2, f"both requests went on from their progress: {carried}")
         check(metric(port, "cllm_server_replayed_tokens_total") == sum(carried),
               f"/metrics counts the tokens the replays went on from: {sum(carried)}")
+        check("warn: http:" not in srv.text(),
+              "no warnings from libmicrohttpd about the replays' local sockets")
         print(f"replay goes on: killed {t_kill - t:.1f} s in, answered {t_done - t_kill:.1f} s "
               f"after the kill; {t_ref:.1f} s without a kill", flush=True)
     finally:
