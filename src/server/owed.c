@@ -204,14 +204,16 @@ static struct owed_req *find_reporting(struct cllm_owed *o, uint64_t id)
     return NULL;
 }
 
-/* Keeps the progress reported for request id (replacing the last); false when out of memory. */
-static bool keep_progress(struct cllm_owed *o, uint64_t id, const char *bytes, size_t len)
+/* Keeps the progress reported for request id, replacing the last (out of memory: none, its
+ * replay starts from its prompts). */
+static void keep_progress(struct cllm_owed *o, uint64_t id, const char *bytes, size_t len)
 {
     struct owed_req *q = find_reporting(o, id);
     if (!q) /* (answered meanwhile) */
-        return true;
+        return;
     q->progress.len = 0;
-    return cllm_buf_append(&q->progress, bytes, len) == CLLM_OK;
+    if (cllm_buf_append(&q->progress, bytes, len) != CLLM_OK)
+        cllm_buf_free(&q->progress);
 }
 
 /* Takes apart the complete messages in o->in; false on a message that makes no sense. */
@@ -236,8 +238,7 @@ static bool take_messages(struct cllm_owed *o)
             continue;
         }
         if (m.type == CLLM_CUSTODY_PROGRESS) {
-            if (!keep_progress(o, m.id, bytes, m.len))
-                return false;
+            keep_progress(o, m.id, bytes, m.len);
             continue;
         }
         if (o->n_fds == 0) /* a descriptor comes with the first byte of its message */
