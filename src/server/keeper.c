@@ -77,8 +77,9 @@ static pid_t start_child(const char *exe, char **argv, int *ready)
 struct child_watch {
     pid_t pid;
     int sigfd;              /* SIGINT, SIGTERM and SIGCHLD, as a descriptor */
-    int ready;              /* the ready pipe's read end, -1 once read */
+    int ready;              /* the ready pipe's read end, -1 once at its end */
     bool was_ready;         /* the process said it is ready */
+    bool on_gpu;            /* ... on a GPU, and did not move to the CPU since */
     int stop_sig;           /* the first SIGINT/SIGTERM that came */
     struct cllm_owed *owed; /* the requests it holds, and those owed to it */
 };
@@ -118,6 +119,27 @@ static bool take_signals(struct child_watch *w, int *status)
     }
 }
 
+/* Reads what the serving process said on its ready pipe (keeper.h, CLLM_KEEPER_READY_*);
+ * closes the pipe at its end. */
+static void read_ready(struct child_watch *w)
+{
+    char said[64];
+    ssize_t n;
+    while ((n = read(w->ready, said, sizeof said)) > 0)
+        for (ssize_t i = 0; i < n; i++) {
+            if (said[i] == CLLM_KEEPER_READY_CPU || said[i] == CLLM_KEEPER_READY_GPU) {
+                w->was_ready = true;
+                w->on_gpu = said[i] == CLLM_KEEPER_READY_GPU;
+            } else if (said[i] == CLLM_KEEPER_MOVED_TO_CPU) {
+                w->on_gpu = false;
+            }
+        }
+    if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+        close(w->ready);
+        w->ready = -1;
+    }
+}
+
 /* Runs until the serving process ends; meanwhile it notes when the process is ready and
  * keeps the requests it holds (owed.h). */
 static int wait_child(struct child_watch *w)
@@ -153,11 +175,9 @@ static int wait_child(struct child_watch *w)
             nanosleep(&pause, NULL);
         }
         if (watch_ready && p[1].revents) {
-            char byte;
-            w->was_ready = read(w->ready, &byte, 1) == 1;
-            close(w->ready);
-            w->ready = -1;
-            if (w->was_ready)
+            const bool before = w->was_ready;
+            read_ready(w);
+            if (w->was_ready && !before)
                 cllm_owed_child_ready(w->owed);
         }
         cllm_owed_handle(w->owed, p + first, n - first);
@@ -246,6 +266,7 @@ int cllm_keeper_run(const struct cllm_keeper_config *c)
     if (!owed || sigfd < 0)
         fprintf(stderr, "cllm: keeper: %s\n", owed ? strerror(errno) : "out of memory");
     int rc = 1, restarts = 0, failed_starts = 0, quick_deaths = 0;
+    bool gpu_retried = false;
     while (owed && sigfd >= 0) {
         set_env_int(CLLM_KEEPER_ENV_RESTARTS, restarts);
         const int custody = cllm_owed_child_start(owed);
@@ -261,10 +282,10 @@ int cllm_keeper_run(const struct cllm_keeper_config *c)
             break;
         const double t0 = cllm_now();
         const int status = wait_child(&w);
-        if (w.ready >= 0) { /* the byte may have come just before the end */
-            char byte;
-            w.was_ready = read(w.ready, &byte, 1) == 1;
-            close(w.ready);
+        if (w.ready >= 0) { /* what it said just before its end */
+            read_ready(&w);
+            if (w.ready >= 0)
+                close(w.ready);
         }
         const bool was_ready = w.was_ready;
         const int stop_sig = w.stop_sig;
@@ -297,18 +318,26 @@ int cllm_keeper_run(const struct cllm_keeper_config *c)
         }
         const int pause_s = pause_before_restart(deaths_in_a_row);
         restarts++;
+        /* The GPU once more after its first death: what killed the process may not come back
+         * (the OOM killer, a fault of the moment), and the CPU is far slower. */
+        const bool gpu_again = c->restart_on_cpu && was_ready && w.on_gpu && !gpu_retried;
+        const bool on_cpu = c->restart_on_cpu && !gpu_again;
+        gpu_retried |= gpu_again;
         char why[256];
         snprintf(why, sizeof why,
                  "the serving process died of signal %d (%s) after %.0f s: restart %d%s", sig,
-                 strsignal(sig), lived, restarts, c->restart_on_cpu ? ", on the CPU" : "");
+                 strsignal(sig), lived, restarts,
+                 gpu_again ? ", on the GPU once more"
+                 : on_cpu  ? ", on the CPU"
+                           : "");
         cllm_log(CLLM_LOG_ERROR, "keeper: %s; %s", why,
                  was_ready ? "the requests it was answering go to the next"
                            : "it was not ready yet");
-        if (c->restart_on_cpu && argv[n] == NULL) {
+        if (on_cpu && argv[n] == NULL) {
             argv[n] = "--device";
             argv[n + 1] = "cpu";
         }
-        if (c->restart_on_cpu)
+        if (on_cpu)
             setenv(CLLM_KEEPER_ENV_FALLBACK, why, 1);
         if (pause_s > 0 && pause_unless_stopped(&sigs, pause_s)) {
             rc = 0;

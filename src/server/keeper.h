@@ -4,7 +4,10 @@
  * process, the kernel's OOM killer) does not take the service down with it. The keeper binds
  * the address and hands the listening socket to the child; when the child dies of a signal,
  * the keeper starts another on the same socket (connections that arrive meanwhile wait in its
- * backlog), on the CPU when the dead one may have been on a GPU. The requests the dead process
+ * backlog): under --device auto, after the first death of one that served from a GPU, on the
+ * GPU again (a crash may not come back: an OOM kill, a fault of the moment; the GPU probe
+ * runs again first, and the requests go on from their progress, so one that does come back
+ * costs a restart), after any later one on the CPU. The requests the dead process
  * owed answers to are answered by the next one (custody.h, owed.h), unless their answer had
  * begun to be sent (a stream); every later one is served. A child that exits by itself (a shutdown,
  * a model that cannot load) ends the keeper with its exit status: that is no crash, and a restart
@@ -23,13 +26,21 @@
 #define CLLM_KEEPER_ENV_RESTARTS "CLLM_KEEPER_RESTARTS" /* serving processes that died before */
 #define CLLM_KEEPER_ENV_FALLBACK "CLLM_KEEPER_FALLBACK" /* why it runs on the CPU, if it does */
 
+/* What a serving process writes to its ready pipe, a byte each time: it is ready on the CPU,
+ * or on a GPU; it moved from the GPU to the CPU (a stall, a lost device). */
+#define CLLM_KEEPER_READY_CPU 'r'
+#define CLLM_KEEPER_READY_GPU 'g'
+#define CLLM_KEEPER_MOVED_TO_CPU 'c'
+
 struct cllm_keeper_config {
     const char *exe; /* this binary */
     int argc;        /* the serve command's arguments as given, argv[0] = "serve" */
     char **argv;
     const char *host; /* where to listen */
     int port;
-    bool restart_on_cpu; /* restarts add --device cpu (the server was to use a GPU if any) */
+    bool restart_on_cpu; /* the server was to use a GPU if any (--device auto): after a
+                            serving process on a GPU died, the next is started on the GPU once
+                            more (the probe first), after any other death on the CPU */
 };
 
 /* Binds, then runs serving processes until one exits by itself, or SIGINT/SIGTERM stops it;
@@ -42,7 +53,7 @@ int cllm_keeper_run(const struct cllm_keeper_config *c);
 /* What a serving process learns from its keeper. */
 struct cllm_keeper_child {
     int listen_fd;      /* the listening socket to serve on (-1: the keeper's word was no fd) */
-    int ready_fd;       /* write one byte here once ready to serve (-1: none) */
+    int ready_fd;       /* write CLLM_KEEPER_READY_* here once ready to serve (-1: none) */
     int custody_fd;     /* the custody socket (custody.h), or -1 */
     int restarts;       /* serving processes that died before this one */
     char fallback[256]; /* why this one runs on the CPU though a GPU was to be used, or "" */

@@ -18,6 +18,7 @@
 #include "core/log.h"
 #include "core/status.h"
 #include "server/custody.h"
+#include "server/keeper.h"
 #include "server/http.h"
 #include "server/listen.h"
 #include "server/probe.h"
@@ -26,6 +27,14 @@
 struct cllm_engine *cllm_server_engine(struct cllm_server *s)
 {
     return atomic_load(&s->engine);
+}
+
+/* Tells the keeper, if any, where this process serves from (keeper.h, CLLM_KEEPER_READY_*). */
+static void tell_keeper(struct cllm_server *s, char what)
+{
+    if (s->cfg.ready_fd > 0 && write(s->cfg.ready_fd, &what, 1) != 1)
+        cllm_log(CLLM_LOG_WARN, "cannot tell the keeper where the server serves from: %s",
+                 strerror(errno));
 }
 
 struct cllm_engine *cllm_server_fail_over(struct cllm_server *s, struct cllm_engine *from,
@@ -48,6 +57,7 @@ struct cllm_engine *cllm_server_fail_over(struct cllm_server *s, struct cllm_eng
             snprintf(s->fallback, sizeof s->fallback, "%s", why);
             atomic_store(&s->engine, next);
             cur = next;
+            tell_keeper(s, CLLM_KEEPER_MOVED_TO_CPU); /* (a crash from now on is the CPU's) */
             cllm_log(CLLM_LOG_ERROR,
                      "serving from the CPU from now on (started in %.1f s): the requests in "
                      "flight go on there from the text they have",
@@ -236,12 +246,9 @@ static void *loader_main(void *arg)
     if (atomic_load(&s->stopping))
         return NULL;
     atomic_store(&s->state, CLLM_SERVER_READY);
-    if (s->cfg.ready_fd > 0) { /* the keeper: a death from now on is no failed start */
-        if (write(s->cfg.ready_fd, "r", 1) != 1)
-            cllm_log(CLLM_LOG_WARN, "cannot tell the keeper the server is ready: %s",
-                     strerror(errno));
-        close(s->cfg.ready_fd);
-    }
+    /* the keeper: a death from now on is no failed start */
+    tell_keeper(s, strcmp(cllm_engine_backend_name(e), "cpu") ? CLLM_KEEPER_READY_GPU
+                                                              : CLLM_KEEPER_READY_CPU);
     cllm_log(CLLM_LOG_INFO, "model %s ready: loaded and warmed up in %.2f s (%.2f s after start)",
              s->model_name, s->load_seconds, cllm_now() - s->t_start);
     return NULL;
@@ -389,6 +396,8 @@ stop:
 out:
     if (s->custody_fd >= 0)
         close(s->custody_fd);
+    if (s->cfg.ready_fd > 0)
+        close(s->cfg.ready_fd);
     cllm_metrics_free(&s->metrics);
     pthread_mutex_destroy(&s->failover_lock);
     pthread_mutex_destroy(&s->custody_lock);

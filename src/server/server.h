@@ -38,7 +38,8 @@ struct cllm_server_config {
     double probe_timeout_s;
     /* Set by a keeper (keeper.h) in the serving process it starts: listen_fd != 0, the
      * listening socket to serve on (-1: the keeper handed none over, an error) (host and port are
-     * then only for the log); ready_fd > 0, where to write a byte once ready; restarts, how many
+     * then only for the log); ready_fd > 0, where to tell the keeper it is ready, and on
+     * which device (keeper.h, CLLM_KEEPER_READY_*); restarts, how many
      * serving processes died before this one; fallback (or NULL), why this one runs on the CPU
      * though a GPU was to be used (/health says it); custody_fd >= 0, the socket to give the
      * keeper custody of requests on (custody.h; -1 or 0: none). */

@@ -1098,7 +1098,9 @@ def test_stall_fail_over():
 
 def test_stall_fail_over_idle():
     """A stall whose only request was given up by its client: the next health check (or
-    request) moves the server to the CPU, so it does not stay unhealthy with nobody waiting."""
+    request) moves the server to the CPU, so it does not stay unhealthy with nobody waiting.
+    The process that moved told its keeper: killed then, it is restarted on the CPU, not on
+    the GPU once more."""
     srv, trigger = stalling_server("--gpu-probe-timeout", "0", "--stall-timeout", "2")
     try:
         if not check(srv.wait_ready(), "server on a 'GPU' that can stall ready (idle case)"):
@@ -1115,7 +1117,16 @@ def test_stall_fail_over_idle():
               f"the health check after a stall with nobody waiting moves to the CPU: {st} {h}")
         st, _, j = post(srv.port, "/predict", {"prompt": "hi", "max_tokens": 2}, timeout=60)
         check(st == 200 and isinstance(j.get("response"), str), f"then serves: {st} {j}")
-        os.unlink(trigger)
+        os.unlink(trigger)  # (a 'GPU' started again would serve: the check below would see it)
+        first = serving_child(srv)
+        os.kill(first, signal.SIGKILL)
+        serving_child(srv, other_than=first)
+        srv.statuses = []
+        back = srv.wait_ready(timeout=60)
+        h = json.loads(srv.statuses[-1][1]) if back and srv.statuses else {}
+        check(h.get("backend") == "cpu" and h.get("restarts") == 1
+              and "restart 1, on the CPU" in h.get("fallback", ""),
+              f"killed after its move to the CPU, it is restarted on the CPU: {h}")
     finally:
         stop_fault_server(srv, trigger, "the server that moved to the CPU when idle")
 
@@ -1170,13 +1181,14 @@ def keep_alive_answered(port):
 def test_crash_restart():
     """A serving process that dies of a signal (CLLM_FAULT_CRASH: the 'GPU' aborts the process
     in a step, as a crashing driver would) is restarted by its keeper (src/server/keeper.h) on
-    the same port, on the CPU, and the requests it owed are answered by the new one (custody.h):
-    three requests in flight (a /predict list and two single prompts) get the same answers as
-    when sent afterwards, each its own. A stream whose
+    the same port, on the 'GPU' once more, and the requests it owed are answered by the new one
+    (custody.h): three requests in flight (a /predict list and two single prompts) get the same
+    answers as when sent afterwards, each its own. A stream whose
     answer had begun ends without [DONE] (it is not sent twice); a connection whose answer was
-    sent before the crash gets nothing more. The health check comes back saying why, later
-    requests are served, and SIGTERM still stops it all. Without the keeper (--no-keeper) the
-    same crash ends the server."""
+    sent before the crash gets nothing more. The health check comes back, later requests are
+    served. A second crash of the 'GPU' brings it back on the CPU, saying why, its request in
+    flight answered; SIGTERM still stops it all. Without the keeper (--no-keeper) the same
+    crash ends the server."""
     trigger = os.path.join(tempfile.mkdtemp(prefix="cllm-crash-"), "crash")
     env = {"CLLM_FAULT_FILE": trigger, "CLLM_FAULT_NAME": "fake-gpu", "CLLM_FAULT_CRASH": "1"}
     srv = Server("--max-seqs", "6", env=env)
@@ -1236,10 +1248,8 @@ def test_crash_restart():
         check(back and srv.statuses and srv.statuses[-1][0] == 200,
               "the health check answers 200 again")
         h = json.loads(srv.statuses[-1][1]) if back else {}
-        check(h.get("backend") == "cpu" and h.get("restarts") == 1
-              and "died of signal 6" in h.get("fallback", "")
-              and "on the CPU" in h.get("fallback", ""),
-              f"health: on the CPU now, one restart, saying why: {h}")
+        check(h.get("backend") == "fake-gpu" and h.get("restarts") == 1 and "fallback" not in h,
+              f"health: on the 'GPU' once more after its first crash, one restart: {h}")
         for i, b in enumerate(batches):
             st2, _, j2 = post(port, "/predict", b, timeout=60)
             check(st2 == 200 and isinstance(j2, dict) and j2 == replayed[i],
@@ -1253,11 +1263,25 @@ def test_crash_restart():
               f"the keeper stayed, with a new serving process: {first} -> {second}")
         text = srv.text()
         check("keeper: the serving process died of signal 6" in text
+              and "restart 1, on the GPU once more" in text
               and "keeper: the serving process owed 3 answer(s)" in text
               and "keeper: answered a request a dead serving process owed" in text,
               "the keeper logs the crash, and the answer it carried over")
         print(f"crash restart: the 3 requests in flight answered {dt:.1f} s after the crash",
               flush=True)
+
+        # A second crash of the 'GPU' (in the first step of a request): now on the CPU.
+        open(trigger, "w").close()
+        st3, _, j3 = post(port, "/predict", batches[1], timeout=120)
+        check(st3 == 200 and j3 == replayed[1],
+              f"the request in flight at the second crash is answered, as before: {st3} {j3}")
+        srv.statuses = []
+        back = srv.wait_ready(timeout=60)
+        h = json.loads(srv.statuses[-1][1]) if back and srv.statuses else {}
+        check(h.get("backend") == "cpu" and h.get("restarts") == 2
+              and "died of signal 6" in h.get("fallback", "")
+              and "restart 2, on the CPU" in h.get("fallback", ""),
+              f"health: on the CPU after the second crash, saying why: {h}")
     finally:
         stop_fault_server(srv, trigger, "the keeper after a restart")
     check(nothing_listens(srv.port), "nothing listens after the keeper stopped")
