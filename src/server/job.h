@@ -86,9 +86,9 @@ enum cllm_status cllm_job_set_chat(struct cllm_server *s, struct cllm_job *j, in
  * untouched, when the bytes are not progress of this job's n prompts. */
 bool cllm_job_go_on(struct cllm_job *j, const void *progress, size_t len);
 
-/* Submits every prompt with p (but those cllm_job_go_on found complete; one that goes on
- * from its text with what is left of max_tokens, and ending with that text when nothing is,
- * or when the engine refuses it for its length). All or nothing: when one is refused
+/* Submits every prompt with p, but those cllm_job_go_on found complete; one it set to go on
+ * from its text gets what is left of max_tokens, and ends with that text when nothing is left
+ * or the engine refuses it for its length. All or nothing: when one is refused
  * (CLLM_ERR_BUSY: the queue is full), those already queued are cancelled and released. waited:
  * seconds the request spent before this process got it (a replay, custody.h), which its max_time
  * counts too (one already past it ends at its first step). */
