@@ -225,6 +225,19 @@ static enum cllm_status submit_from(struct cllm_server *s, struct cllm_engine *e
     return st;
 }
 
+/* Ends prompt i's answer, never submitted here, with the text it has (from a dead serving
+ * process: cllm_job_go_on) and the n_generated tokens that made it. */
+static void end_unsubmitted(struct cllm_job *j, int32_t i, enum cllm_finish_reason reason,
+                            int32_t n_generated)
+{
+    struct cllm_request_output *o = &j->outs[i];
+    o->finished = true;
+    o->reason = reason;
+    o->n_prompt = (int32_t)j->prompts[i].n;
+    o->n_generated = n_generated;
+    o->t_finish = cllm_now();
+}
+
 bool cllm_job_go_on(struct cllm_job *j, const void *progress, size_t len)
 {
     struct cllm_progress_entry *from = cllm_calloc_array((size_t)j->n, sizeof *from);
@@ -241,15 +254,9 @@ bool cllm_job_go_on(struct cllm_job *j, const void *progress, size_t len)
         return false;
     }
     for (int32_t i = 0; i < j->n; i++) {
-        struct cllm_request_output *o = &j->outs[i];
         carried[i] = from[i].n_generated;
-        if (from[i].finished) {
-            o->finished = true;
-            o->reason = from[i].reason;
-            o->n_prompt = (int32_t)j->prompts[i].n;
-            o->n_generated = from[i].n_generated;
-            o->t_finish = cllm_now();
-        }
+        if (from[i].finished)
+            end_unsubmitted(j, i, from[i].reason, from[i].n_generated);
     }
     j->carried = carried;
     free(from);
@@ -263,21 +270,17 @@ static enum cllm_status submit_one(struct cllm_server *s, struct cllm_engine *e,
                                    size_t err_len)
 {
     const struct cllm_ids *ids = &j->prompts[i];
-    struct cllm_request_output *o = &j->outs[i];
     const int32_t carried = j->carried ? j->carried[i] : 0;
     if (carried == 0)
         return cllm_engine_submit(e, ids->v, (int32_t)ids->n, p, &j->reqs[i], err, err_len);
-    enum cllm_status st = submit_from(s, e, ids, &o->text, carried, *p, &j->reqs[i], err, err_len);
+    enum cllm_status st =
+        submit_from(s, e, ids, &j->outs[i].text, carried, *p, &j->reqs[i], err, err_len);
     if (st == CLLM_OK || st == CLLM_ERR_BUSY || st == CLLM_ERR_NOMEM)
         return st;
     if (p->max_tokens > carried)
         cllm_log(CLLM_LOG_WARN, "a replayed answer cannot go on (%s): it ends with its text so far",
                  err);
-    o->finished = true;
-    o->reason = CLLM_FINISH_LENGTH;
-    o->n_prompt = (int32_t)ids->n;
-    o->n_generated = carried;
-    o->t_finish = cllm_now();
+    end_unsubmitted(j, i, CLLM_FINISH_LENGTH, carried);
     return CLLM_OK;
 }
 
