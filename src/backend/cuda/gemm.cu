@@ -21,6 +21,7 @@
  * bandwidth x latency on an H100/H200 is about 6 MB). */
 #define TARGET_WARPS 2048
 
+#define STAGES 4   /* tiled kernel: chunks in its shared-memory ring (48 KiB) */
 #define TILE_M 128 /* tiled kernel: W rows per block */
 #define TILE_N 64  /* tokens per block */
 #define WARP_M 32  /* each warp: 32 rows (2 MMA tiles) x 32 tokens (4 MMA tiles) */
@@ -293,45 +294,88 @@ static __global__ void __launch_bounds__(MAX_SLICES * 32)
     finish<NT>(ep, part, S, N, n, y, ldy);
 }
 
-/* The vector at k of tile row r of the tiled kernel (W rows first, then tokens), which is row
- * i of W or token i of x (-1: past the edge: zeros). */
+/* Where tile row r's vector v of chunk c of the tiled kernel comes from (W rows first, then
+ * tokens): row or token src of W or x (-1: past the edge), NULL past K or the edge (zeros). */
 template <bool SILU>
-static __device__ __forceinline__ uint4 load_tile_vec(const __nv_bfloat16 *w, const void *x,
-                                                      int32_t i, int r, int32_t k, int32_t K)
+static __device__ __forceinline__ const void *tile_src(const __nv_bfloat16 *w, const void *x,
+                                                       int32_t src, int r, int32_t k, int32_t K)
 {
+    if (src < 0 || k >= K)
+        return NULL;
     if (r < TILE_M)
-        return load_vec(i < 0 ? NULL : w + (int64_t)i * K, k, K);
-    return load_x<SILU>(i < 0 ? NULL : x_row<SILU>(x, i, K), k, K);
+        return w + (int64_t)src * K + k;
+    return SILU ? (const void *)((const float *)x + (int64_t)src * 2 * K + k)
+                : (const void *)((const __nv_bfloat16 *)x + (int64_t)src * K + k);
 }
 
-/* The W part of a thread's vectors of chunk c of the tiled kernel (loads i < TILED_LOADS_W). */
-static __device__ __forceinline__ void load_w_tile(uint4 (&staged)[TILED_LOADS],
-                                                   const __nv_bfloat16 *w,
-                                                   const int32_t (&src)[TILED_LOADS], int32_t c,
-                                                   int32_t K)
+/* The loads of chunk c into stage slot `slot`, loads [i0, i1) of this thread (W loads first:
+ * i < TILED_LOADS_W). Straight from global to shared memory (cp.async) where the bytes are
+ * used as they are; zeros (past K or the edge) stored directly. SILU tokens are computed, so
+ * they are not copied here: see load_silu_x / store_silu_x. */
+template <bool SILU, int i0, int i1>
+static __device__ __forceinline__ void copy_chunk(uint4 (*slot)[VECS], const __nv_bfloat16 *w,
+                                                  const void *x, const int32_t (&src)[TILED_LOADS],
+                                                  int32_t c, int32_t K)
 {
 #pragma unroll
-    for (int i = 0; i < TILED_LOADS_W; i++) {
-        const int idx = (int)threadIdx.x + i * TILED_THREADS;
-        staged[i] =
-            load_vec(src[i] < 0 ? NULL : w + (int64_t)src[i] * K, c * CHUNK + idx % VECS * 8, K);
+    for (int i = i0; i < i1; i++) {
+        const int idx = (int)threadIdx.x + i * TILED_THREADS, r = idx / VECS, v = idx % VECS;
+        if (SILU && r >= TILE_M)
+            continue;
+        const void *from = tile_src<SILU>(w, x, src[i], r, c * CHUNK + v * 8, K);
+        if (from)
+            cllm_cp_async16(&slot[r][v], from);
+        else
+            slot[r][v] = make_uint4(0, 0, 0, 0);
     }
 }
 
-/* Prefill steps: block = TILE_M rows x TILE_N tokens staged through shared memory (double
- * buffered: chunk c + 1 is fetched into registers while chunk c is multiplied). Each element
- * keeps the running slice (acc) apart from the finished ones (total), so the sums happen in
- * exactly the skinny kernel's order. With `partials`, block z computes slice z alone and
- * stores it there ([S][n][N]) for gemm_reduce: the same sums, spread over more blocks when
- * the tiles alone would leave SMs idle (N = 1536 at 192 tokens is 36 tiles). As in the skinny
- * kernel, the first chunk's W vectors are loaded before cllm_pdl_wait(). */
+/* SILU: this thread's token vectors of chunk c, computed from gate and up into registers
+ * (staged), and then stored into their slot. */
+template <bool SILU>
+static __device__ __forceinline__ void load_silu_x(uint4 (&staged)[TILED_LOADS], const void *x,
+                                                   const int32_t (&src)[TILED_LOADS], int32_t c,
+                                                   int32_t K)
+{
+    if constexpr (SILU) {
+#pragma unroll
+        for (int i = TILED_LOADS_W; i < TILED_LOADS; i++) {
+            const int idx = (int)threadIdx.x + i * TILED_THREADS;
+            staged[i] = load_x<true>(src[i] < 0 ? NULL : x_row<true>(x, src[i], K),
+                                     c * CHUNK + idx % VECS * 8, K);
+        }
+    }
+}
+template <bool SILU>
+static __device__ __forceinline__ void store_silu_x(uint4 (*slot)[VECS],
+                                                    const uint4 (&staged)[TILED_LOADS])
+{
+    if constexpr (SILU) {
+#pragma unroll
+        for (int i = TILED_LOADS_W; i < TILED_LOADS; i++) {
+            const int idx = (int)threadIdx.x + i * TILED_THREADS;
+            slot[idx / VECS][idx % VECS] = staged[i];
+        }
+    }
+}
+
+/* Prefill steps: block = TILE_M rows x TILE_N tokens staged through shared memory in a ring of
+ * STAGES chunks: chunk c + STAGES - 1 is in flight (cp.async) while chunk c is multiplied, so
+ * memory latency hides behind STAGES - 1 chunks of MMAs rather than one. (The SiLU variant's
+ * tokens are computed on load and go through registers, one chunk ahead.) Each element keeps
+ * the running slice (acc) apart from the finished ones (total), so the sums happen in exactly
+ * the skinny kernel's order; how the bytes arrive does not change them. With `partials`,
+ * block z computes slice z alone and stores it there ([S][n][N]) for gemm_reduce: the same
+ * sums, spread over more blocks when the tiles alone would leave SMs idle (N = 1536 at 192
+ * tokens is 36 tiles). As in the skinny kernel, the first chunk's W vectors are requested
+ * before cllm_pdl_wait(). */
 template <bool SILU>
 static __global__ void __launch_bounds__(TILED_THREADS, 2)
     gemm_tiled(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K, const void *x,
                int32_t n, float *y, int32_t ldy, int32_t S, float *partials)
 {
     /* rows 0..TILE_M-1: the W rows of the tile; TILE_M..: its tokens */
-    __shared__ uint4 tile[2][TILE_M + TILE_N][VECS];
+    __shared__ uint4 tile[STAGES][TILE_M + TILE_N][VECS];
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
     const int wm = warp % WARPS_M, wn = warp / WARPS_M;
     const int32_t row0 = (int32_t)blockIdx.y * TILE_M, tok0 = (int32_t)blockIdx.x * TILE_N;
@@ -349,7 +393,7 @@ static __global__ void __launch_bounds__(TILED_THREADS, 2)
         else
             src[i] = tok0 + r - TILE_M < n ? tok0 + r - TILE_M : -1;
     }
-    uint4 staged[TILED_LOADS];
+    uint4 staged[TILED_LOADS]; /* SILU: the next chunk's tokens */
     float acc[2][4][4], total[2][4][4];
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
@@ -363,30 +407,35 @@ static __global__ void __launch_bounds__(TILED_THREADS, 2)
     const int32_t c_end = partials ? slice_start(s + 1, chunks, S) : chunks;
     int32_t slice_end = slice_start(s + 1, chunks, S);
     bool first = true;
-    load_w_tile(staged, w, src, c_begin, K);
+
+    /* The ring's first STAGES - 1 chunks, one commit group each (empty past c_end, so that
+     * "group c done" is always "at most STAGES - 2 groups pending"). */
+    copy_chunk<SILU, 0, TILED_LOADS_W>(tile[0], w, x, src, c_begin, K);
     cllm_pdl_wait(); /* x, y and partials from here on */
+    copy_chunk<SILU, TILED_LOADS_W, TILED_LOADS>(tile[0], w, x, src, c_begin, K);
+    cllm_cp_async_commit();
 #pragma unroll
-    for (int i = TILED_LOADS_W; i < TILED_LOADS; i++) {
-        const int idx = tid + i * TILED_THREADS;
-        staged[i] =
-            load_tile_vec<SILU>(w, x, src[i], idx / VECS, c_begin * CHUNK + idx % VECS * 8, K);
+    for (int st = 1; st < STAGES - 1; st++) {
+        if (c_begin + st < c_end)
+            copy_chunk<SILU, 0, TILED_LOADS>(tile[st], w, x, src, c_begin + st, K);
+        cllm_cp_async_commit();
     }
-#pragma unroll
-    for (int i = 0; i < TILED_LOADS; i++) {
-        const int idx = tid + i * TILED_THREADS;
-        tile[0][idx / VECS][idx % VECS] = staged[i];
-    }
-    __syncthreads();
+    load_silu_x<SILU>(staged, x, src, c_begin, K);
+    store_silu_x<SILU>(tile[0], staged);
+
     for (int32_t c = c_begin; c < c_end; c++) {
-        const int b = (c - c_begin) & 1;
+        const int b = (int)((c - c_begin) % STAGES);
+        cllm_cp_async_wait<STAGES - 2>(); /* this thread's copies of chunk c have landed... */
+        __syncthreads(); /* ... everyone's have, and nobody still reads chunk c - 1's slot */
+        /* Chunk c + STAGES - 1 into the slot chunk c - 1 used. */
+        const int32_t ahead = c + STAGES - 1;
+        if (ahead < c_end)
+            copy_chunk<SILU, 0, TILED_LOADS>(tile[(b + STAGES - 1) % STAGES], w, x, src, ahead, K);
+        cllm_cp_async_commit();
         const bool more = c + 1 < c_end;
-        if (more) {
-#pragma unroll
-            for (int i = 0; i < TILED_LOADS; i++)
-                staged[i] =
-                    load_tile_vec<SILU>(w, x, src[i], (tid + i * TILED_THREADS) / VECS,
-                                        (c + 1) * CHUNK + (tid + i * TILED_THREADS) % VECS * 8, K);
-        }
+        if (more)
+            load_silu_x<SILU>(staged, x, src, c + 1, K);
+
         uint4 vl[2], vh[2], vx[4];
 #pragma unroll
         for (int mt = 0; mt < 2; mt++) {
@@ -414,16 +463,13 @@ static __global__ void __launch_bounds__(TILED_THREADS, 2)
             s++;
             slice_end = slice_start(s + 1, chunks, S);
         }
-        if (more) {
-            /* buffer b ^ 1 was last read in step c - 1, which ended with a barrier */
-#pragma unroll
-            for (int i = 0; i < TILED_LOADS; i++) {
-                const int idx = tid + i * TILED_THREADS;
-                tile[b ^ 1][idx / VECS][idx % VECS] = staged[i];
-            }
-        }
-        __syncthreads();
+        /* SILU: chunk c + 1's tokens into its slot (not chunk c's, which is being read; no
+         * copy writes token rows then). The barrier at the top of the next step publishes
+         * them. */
+        if (more)
+            store_silu_x<SILU>(tile[(b + 1) % STAGES], staged);
     }
+    cllm_cp_async_wait<0>(); /* no copy may outlive the block (the empty groups aside) */
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
         for (int nt = 0; nt < 4; nt++)

@@ -545,7 +545,7 @@ struct selection {
 /* MSB radix select, 11 + 11 + 10 bits, largest sub-key first: the sub-key at which the
  * running count (or with mass, fixed-point mass) reaches target. With top_p >= 0 the target is
  * instead ceil(top_p * the total mass), at least 1. */
-static __device__ __noinline__ struct selection
+static __device__ CLLM_NOINLINE struct selection
 radix_select(const float *__restrict__ l, int32_t n, float t, float mx, bool by_id, uint32_t ref,
              bool mass, uint64_t target, double top_p, double fix_one, uint64_t *region,
              struct block_state *st)
@@ -629,10 +629,10 @@ struct row_rules {
 };
 
 /* Every rule by exact selects over the full row, then a draw pass. */
-static __device__ __noinline__ int32_t sample_exact(const float *__restrict__ l, int32_t n, float t,
-                                                    float mx, const struct row_rules *r, double u,
-                                                    int32_t fallback, uint64_t *region,
-                                                    struct block_state *st)
+static __device__ CLLM_NOINLINE int32_t sample_exact(const float *__restrict__ l, int32_t n,
+                                                     float t, float mx, const struct row_rules *r,
+                                                     double u, int32_t fallback, uint64_t *region,
+                                                     struct block_state *st)
 {
     const int bits = 32 - __clz((unsigned)n);
     const double fix_one = ldexp(1.0, 62 - bits < 40 ? 62 - bits : 40); /* sums < 2^62 */
@@ -786,10 +786,11 @@ static __device__ int32_t cand_find(const uint64_t *c, uint32_t len, float mx, d
 
 /* Top-k, top-p and min-p: bound the survivors, gather them into shared memory, sort them and
  * apply the rules exactly; sample_exact when they do not fit. */
-static __device__ __noinline__ int32_t sample_filtered(const float *__restrict__ l, int32_t n,
-                                                       float t, float mx, const struct row_rules *r,
-                                                       double u, int32_t fallback, uint64_t *region,
-                                                       uint32_t cap, struct block_state *st)
+static __device__ CLLM_NOINLINE int32_t sample_filtered(const float *__restrict__ l, int32_t n,
+                                                        float t, float mx,
+                                                        const struct row_rules *r, double u,
+                                                        int32_t fallback, uint64_t *region,
+                                                        uint32_t cap, struct block_state *st)
 {
     if (!r->use_k && !r->use_p) { /* min-p alone: a threshold, no candidates needed */
         const uint64_t end = (uint64_t)r->km << 32;

@@ -18,6 +18,11 @@
 #define CLLM_VENDOR_STR2(x) #x
 #define CLLM_VENDOR_STR(x) CLLM_VENDOR_STR2(x)
 
+/* A device function kept out of line. Spelled through a macro of ours because the emulator
+ * (tests/emu) cannot define __noinline__ itself: libstdc++ 13 writes
+ * __attribute__((__noinline__)), which such a macro would break. */
+#define CLLM_NOINLINE __noinline__
+
 #if defined(CLLM_MUSA)
 
 #include <musa_runtime.h>

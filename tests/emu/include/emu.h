@@ -15,7 +15,8 @@
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __noinline__ __attribute__((noinline))
+/* (No __noinline__: libstdc++ 13 spells __attribute__((__noinline__)), which that macro would
+ * break; the kernels say CLLM_NOINLINE, which vendor.h's stand-in defines.) */
 #define __launch_bounds__(...)
 /* Static __shared__ variables: tests/emu/prep.py gives each a copy per block slot (below); left
  * as statics in code it does not process. */

@@ -7,6 +7,8 @@
 #define CLLM_BACKEND_CUDA_VENDOR_H
 #include "emu.h"
 
+#define CLLM_NOINLINE __attribute__((noinline))
+
 #ifdef CLLM_EMU_MUSA
 #define CLLM_WIDE_WARPS 1
 #define CLLM_GRAPHS_OPT_IN "CLLM_MUSA_GRAPHS"
