@@ -84,15 +84,15 @@ struct cllm_attn_agreement {
 };
 
 /* The model check's sequences are short (up to 42 keys), and a GPU's attention takes another
- * path past 256 keys: each (token, head) is split over up to 16 blocks whose partial results
+ * path past 64 keys: each (token, head) is split over up to 16 blocks whose partial results
  * a second kernel merges through a scratch buffer the op must leave fit for its next call
- * (cuda/attention.cu). Served answers reach that path after ~200 tokens of prompt and text;
+ * (cuda/attention.cu). Served answers reach that path after ~30 tokens of text;
  * a vendor stack that breaks it (a memory order, a warp width) would pass the model check and
  * garble every long answer. So this runs a's and b's attention op, with the model's head
  * shapes and rope_theta, over the same random keys, values and queries in paged caches of
  * two sequences (4,200 and 300 keys, blocks shuffled): decode tokens at 4,200 keys (splits
  * not on tile bounds), 1,100 and 300, one at the first key, and a prefill chunk of 16 tokens
- * across the 256-key threshold; a's op twice, with the same scratch. A row agrees within
+ * across a split boundary (256 keys); a's op twice, with the same scratch. A row agrees within
  * CLLM_DEVICE_CHECK_BOUND of the reference row's largest magnitude: BF16 keys, values, queries
  * and softmax weights move a right row by ~1% (the random data makes half the heads peaked,
  * half flat); a lost or repeated split moves it by tens of percent. Host memory: ~2 MB; on
