@@ -242,12 +242,14 @@ load_w_chunks(uint4 (&vl)[UNROLL], uint4 (&vh)[UNROLL], const __nv_bfloat16 *w_l
  * With programmatic dependent launch that hides the small kernels between the GEMMs behind
  * the weight stream; for many decode shapes (a slice of <= UNROLL chunks) it is all of the
  * block's weights. Nothing else is touched before the wait (tests/tools/test_pdl_discipline.py). */
-template <int NT, bool SILU, class EP>
+template <int NT, bool SILU, bool AHEAD, class EP>
 static __global__ void __launch_bounds__(MAX_SLICES * 32)
     gemm_skinny(const __nv_bfloat16 *w, EP ep, int32_t N, int32_t K, const void *x, int32_t n,
                 float *y, int32_t ldy, int32_t S)
 {
-    constexpr int UNROLL = NT <= 2 ? 4 : 2; /* chunks whose loads are issued together */
+    /* chunks whose loads are issued together (AHEAD: two groups in registers; a SiLU step of
+     * 9-16 tokens spills with four) */
+    constexpr int UNROLL = NT == 1 ? 4 : NT == 2 && !(SILU && AHEAD) ? 4 : 2;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
     const int32_t chunks = (K + CHUNK - 1) / CHUNK;
     const int32_t c0 = slice_start(warp, chunks, S), c1 = slice_start(warp + 1, chunks, S);
@@ -267,8 +269,17 @@ static __global__ void __launch_bounds__(MAX_SLICES * 32)
         acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
     }
     for (int32_t c = c0; c < c1; c += UNROLL) {
-        if (c != c0)
+        /* AHEAD: the next chunks' W is requested before this group's tokens and MMAs, so the
+         * weight stream does not wait for them (without, one memory round trip per group: the
+         * 1536 x 8960 down projection, 96 blocks of 16 warps, streamed at 1.43 TB/s on an
+         * H200). It costs registers, so only blocks of many warps (S >= AHEAD_MIN_SLICES), whose
+         * SMs hold one block anyway, take it. */
+        uint4 nl[UNROLL], nh[UNROLL];
+        const bool more = AHEAD && c + UNROLL < c1;
+        if (!AHEAD && c != c0)
             load_w_chunks<UNROLL>(vl, vh, w_lo, w_hi, c, c1, q, K);
+        if (more)
+            load_w_chunks<UNROLL>(nl, nh, w_lo, w_hi, c + UNROLL, c1, q, K);
         uint4 vx[UNROLL][NT];
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
@@ -284,6 +295,11 @@ static __global__ void __launch_bounds__(MAX_SLICES * 32)
 #pragma unroll
             for (int j = 0; j < NT; j++)
                 mma_chunk(acc[j], vl[u], vh[u], vx[u][j]);
+        }
+        if (more) {
+#pragma unroll
+            for (int u = 0; u < UNROLL; u++)
+                vl[u] = nl[u], vh[u] = nh[u];
         }
     }
 #pragma unroll
@@ -520,22 +536,36 @@ size_t cllm_cuda_gemm_scratch_bytes(int32_t N, int32_t K, int32_t n)
     return (size_t)cllm_cuda_gemm_slices(N, K) * (size_t)n * (size_t)N * sizeof(float);
 }
 
+/* Slices (warps per block) from which the skinny kernel loads W a group ahead. */
+#define AHEAD_MIN_SLICES 4
+
 /* The skinny kernel with as many token tiles as n needs (n <= CLLM_CUDA_GEMM_SKINNY_MAX). */
+template <bool SILU, bool AHEAD, class EP>
+static void launch_skinny_as(const __nv_bfloat16 *w, const EP &ep, int32_t N, int32_t K,
+                             const void *x, int32_t n, float *y, int32_t ldy, int32_t S,
+                             cudaStream_t stream)
+{
+    const unsigned row_tiles = (unsigned)((N + 15) / 16), threads = (unsigned)S * 32;
+    if (n <= 8)
+        cllm_launch(gemm_skinny<1, SILU, AHEAD, EP>, row_tiles, threads, 0, stream, w, ep, N, K, x,
+                    n, y, ldy, S);
+    else if (n <= 16)
+        cllm_launch(gemm_skinny<2, SILU, AHEAD, EP>, row_tiles, threads, 0, stream, w, ep, N, K, x,
+                    n, y, ldy, S);
+    else
+        cllm_launch(gemm_skinny<4, SILU, AHEAD, EP>, row_tiles, threads, 0, stream, w, ep, N, K, x,
+                    n, y, ldy, S);
+}
+
 template <bool SILU, class EP>
 static void launch_skinny(const __nv_bfloat16 *w, const EP &ep, int32_t N, int32_t K, const void *x,
                           int32_t n, float *y, int32_t ldy, cudaStream_t stream)
 {
     const int32_t S = cllm_cuda_gemm_slices(N, K);
-    const unsigned row_tiles = (unsigned)((N + 15) / 16), threads = (unsigned)S * 32;
-    if (n <= 8)
-        cllm_launch(gemm_skinny<1, SILU, EP>, row_tiles, threads, 0, stream, w, ep, N, K, x, n, y,
-                    ldy, S);
-    else if (n <= 16)
-        cllm_launch(gemm_skinny<2, SILU, EP>, row_tiles, threads, 0, stream, w, ep, N, K, x, n, y,
-                    ldy, S);
+    if (S >= AHEAD_MIN_SLICES)
+        launch_skinny_as<SILU, true>(w, ep, N, K, x, n, y, ldy, S, stream);
     else
-        cllm_launch(gemm_skinny<4, SILU, EP>, row_tiles, threads, 0, stream, w, ep, N, K, x, n, y,
-                    ldy, S);
+        launch_skinny_as<SILU, false>(w, ep, N, K, x, n, y, ldy, S, stream);
 }
 
 template <bool SILU>
