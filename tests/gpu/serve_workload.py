@@ -22,7 +22,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from time_startup import free_port  # noqa: E402
+from time_startup import free_port, stop  # noqa: E402
 
 QWEN_SAMPLING = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.1}
 
@@ -133,13 +133,7 @@ def main():
         if proc.poll() is not None:
             problems.append(f"the server exited with {proc.returncode}")
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop(proc)
         for p in problems:
             print(f"serve: FAIL: {p}")
         if problems:

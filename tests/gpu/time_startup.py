@@ -52,12 +52,19 @@ def start_once(binary, model, flags, timeout):
         sys.stdout.write(log.read().decode(errors="replace")[-3000:])
         return None, None
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
+
+
+def stop(proc):
+    """SIGTERM, and SIGKILL after 30 s, for a server that has not exited yet."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def main():
