@@ -212,23 +212,48 @@ static __global__ void __launch_bounds__(32 * MAX_GROUP)
     }
 }
 
-/* Dimension d of row th (token x head) merged from its n_splits partial results, in split
- * order. BASE2: the maxima are in log2 units (attention_mma). The one formula both the
- * combine kernel and attention_mma's last block use. */
+/* Merging a row's n_splits partial results, in split order, in two stages -- the one formula
+ * both the combine kernel and attention_mma's last block use. Stage one, once per row: the
+ * splits' weights w_s = 2^(m_s - max) (BASE2: the maxima are in log2 units, attention_mma) or
+ * e^(m_s - max) into w, and the denominator sum_s w_s l_s, returned. The loops run over
+ * MAX_SPLITS so that their loads are all in flight together (a loop over n_splits waited for
+ * each load in turn: at 16 splits, 32 round trips to L2 per row). */
 template <bool BASE2>
-static __device__ __forceinline__ __nv_bfloat16 combine_one(const split_scratch &sc, int32_t t,
-                                                            int32_t h, int32_t n_splits, int32_t d)
+static __device__ __forceinline__ float split_weights(const split_scratch &sc, int32_t t, int32_t h,
+                                                      int32_t n_splits, float *w)
 {
-    float mx = -INFINITY;
-    for (int32_t s = 0; s < n_splits; s++)
-        mx = fmaxf(mx, __ldcg(part_ml(sc, t, h, s)));
-    float num = 0.0f, den = 0.0f;
-    for (int32_t s = 0; s < n_splits; s++) {
-        const float *ml = part_ml(sc, t, h, s);
-        const float m = __ldcg(&ml[0]), w = BASE2 ? exp2f(m - mx) : expf(m - mx);
-        num = fmaf(w, __ldcg(part_acc(sc, t, h, s) + d), num);
-        den = fmaf(w, __ldcg(&ml[1]), den);
-    }
+    float m[MAX_SPLITS], l[MAX_SPLITS], mx = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < MAX_SPLITS; s++)
+        if (s < n_splits) {
+            const float *ml = part_ml(sc, t, h, s);
+            m[s] = __ldcg(&ml[0]);
+            l[s] = __ldcg(&ml[1]);
+        }
+#pragma unroll
+    for (int s = 0; s < MAX_SPLITS; s++)
+        if (s < n_splits)
+            mx = fmaxf(mx, m[s]);
+    float den = 0.0f;
+#pragma unroll
+    for (int s = 0; s < MAX_SPLITS; s++)
+        if (s < n_splits) {
+            w[s] = BASE2 ? exp2f(m[s] - mx) : expf(m[s] - mx);
+            den = fmaf(w[s], l[s], den);
+        }
+    return den;
+}
+
+/* Stage two, once per dimension d of the row: sum_s w_s acc_s[d] in split order, over den. */
+static __device__ __forceinline__ __nv_bfloat16 merged_dim(const split_scratch &sc, int32_t t,
+                                                           int32_t h, int32_t n_splits,
+                                                           const float *w, float den, int32_t d)
+{
+    float num = 0.0f;
+#pragma unroll
+    for (int s = 0; s < MAX_SPLITS; s++)
+        if (s < n_splits)
+            num = fmaf(w[s], __ldcg(part_acc(sc, t, h, s) + d), num);
     return __float2bfloat16_rn(num / den);
 }
 
@@ -242,9 +267,17 @@ static __global__ void combine_kernel(struct cllm_cuda_batch b, int32_t n_head, 
     const int32_t n_splits = n_splits_for(b.pos[t] + 1);
     if (n_splits == 1)
         return; /* written by the attention kernel */
+    __shared__ float w[MAX_SPLITS], den;
+    if (threadIdx.x == 0) {
+        float wl[MAX_SPLITS];
+        den = split_weights<false>(sc, t, h, n_splits, wl);
+        for (int32_t s = 0; s < n_splits; s++)
+            w[s] = wl[s];
+    }
+    __syncthreads();
     const int64_t th = (int64_t)t * n_head + h;
     for (int32_t d = threadIdx.x; d < hd; d += blockDim.x)
-        out[th * hd + d] = combine_one<false>(sc, t, h, n_splits, d);
+        out[th * hd + d] = merged_dim(sc, t, h, n_splits, w, den, d);
 }
 
 #ifdef CLLM_HAVE_MMA
@@ -495,8 +528,8 @@ static __global__ void __launch_bounds__(MMA_WARPS * 32)
         return;
 
     /* The last of the tile's tile_splits blocks to finish merges the split rows, in split
-     * order (combine_one: the same bits whichever block it is), which saves the combine
-     * kernel's launch. The count is reset for the next launch by that block, atomically: a
+     * order (split_weights, merged_dim: the same bits whichever block it is), which saves the
+     * combine kernel's launch. The count is reset for the next launch by that block, atomically: a
      * plain store would race with the other blocks' atomicAdd in CUDA's memory model (no
      * fence orders them before it; the emulator's race check reports it). */
     __shared__ bool last;
@@ -512,14 +545,26 @@ static __global__ void __launch_bounds__(MMA_WARPS * 32)
     if (!last)
         return;
     __threadfence();
-    for (int32_t r = 0; r < count * group; r++) {
+    /* Each row's weights once (a thread a row), then every (row, dimension) of the tile spread
+     * over the block: the merge was a thread per dimension walking the rows, all 64 of a
+     * prefill tile one after the other. */
+    __shared__ float wts[MMA_ROWS][MAX_SPLITS], dens[MMA_ROWS];
+    const int32_t rows = count * group;
+    for (int32_t r = threadIdx.x; r < rows; r += MMA_WARPS * 32) {
+        const int32_t t = t0 + r / group, n_splits = n_splits_for(b.pos[t] + 1);
+        if (n_splits > 1)
+            dens[r] = split_weights<true>(sc, t, kvh * group + r % group, n_splits, wts[r]);
+    }
+    __syncthreads();
+#pragma unroll 4
+    for (int32_t i = threadIdx.x; i < rows * HD; i += MMA_WARPS * 32) {
+        const int32_t r = i / HD, d = i % HD;
         const int32_t t = t0 + r / group, n_splits = n_splits_for(b.pos[t] + 1);
         if (n_splits == 1)
             continue;
         const int32_t h = kvh * group + r % group;
-        const int64_t th = (int64_t)t * n_head + h;
-        for (int32_t d = threadIdx.x; d < HD; d += MMA_WARPS * 32)
-            out[th * HD + d] = combine_one<true>(sc, t, h, n_splits, d);
+        out[((int64_t)t * n_head + h) * HD + d] =
+            merged_dim(sc, t, h, n_splits, wts[r], dens[r], d);
     }
 }
 
