@@ -346,6 +346,16 @@ static __device__ __forceinline__ void copy_chunk(uint4 (*slot)[VECS], const __n
     }
 }
 
+/* The W part of chunk c (loads i < TILED_LOADS_W): the one thing the tiled kernel touches
+ * before cllm_pdl_wait() (weights are never written by a kernel). */
+template <bool SILU>
+static __device__ __forceinline__ void load_w_tile(uint4 (*slot)[VECS], const __nv_bfloat16 *w,
+                                                   const int32_t (&src)[TILED_LOADS], int32_t c,
+                                                   int32_t K)
+{
+    copy_chunk<SILU, 0, TILED_LOADS_W>(slot, w, NULL, src, c, K);
+}
+
 /* SILU: this thread's token vectors of chunk c, computed from gate and up into registers
  * (staged), and then stored into their slot. */
 template <bool SILU>
@@ -426,7 +436,7 @@ static __global__ void __launch_bounds__(TILED_THREADS, 2)
 
     /* The ring's first STAGES - 1 chunks, one commit group each (empty past c_end, so that
      * "group c done" is always "at most STAGES - 2 groups pending"). */
-    copy_chunk<SILU, 0, TILED_LOADS_W>(tile[0], w, x, src, c_begin, K);
+    load_w_tile<SILU>(tile[0], w, src, c_begin, K);
     cllm_pdl_wait(); /* x, y and partials from here on */
     copy_chunk<SILU, TILED_LOADS_W, TILED_LOADS>(tile[0], w, x, src, c_begin, K);
     cllm_cp_async_commit();
