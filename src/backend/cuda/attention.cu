@@ -268,12 +268,8 @@ static __global__ void combine_kernel(struct cllm_cuda_batch b, int32_t n_head, 
     if (n_splits == 1)
         return; /* written by the attention kernel */
     __shared__ float w[MAX_SPLITS], den;
-    if (threadIdx.x == 0) {
-        float wl[MAX_SPLITS];
-        den = split_weights<false>(sc, t, h, n_splits, wl);
-        for (int32_t s = 0; s < n_splits; s++)
-            w[s] = wl[s];
-    }
+    if (threadIdx.x == 0)
+        den = split_weights<false>(sc, t, h, n_splits, w);
     __syncthreads();
     const int64_t th = (int64_t)t * n_head + h;
     for (int32_t d = threadIdx.x; d < hd; d += blockDim.x)
