@@ -81,10 +81,12 @@ struct op_order {
     char *end;       /* released as it ends */
 };
 /* A context switch without the signal-mask syscall of swapcontext: callee-saved registers,
- * MXCSR and the x87 control word go on the stack. */
+ * MXCSR and the x87 control word go on the stack. In a section pushed and popped: the compiler
+ * does not know a top-level asm changed sections, and at -O0 put the globals after it in .text
+ * (a Debug TSan build crashed writing emu_gridDim). */
 extern "C" void emu_ctx_switch(void **from_sp, void *to_sp);
 asm(R"(
-.text
+.pushsection .text
 .globl emu_ctx_switch
 .type emu_ctx_switch, @function
 emu_ctx_switch:
@@ -109,6 +111,7 @@ emu_ctx_switch:
     popq %rbx
     popq %rbp
     ret
+.popsection
 )");
 static void *sched_sp;
 emu_thread *emu_cur;

@@ -497,11 +497,21 @@ int main(int argc, char **argv)
         if (part(argc, argv, 7)) test_decode(6, 1, 128, 4700, simt);
     }
     if (part(argc, argv, 8)) {
-        test_gemm(40, 72, 70, true);     /* K not a multiple of 32, N not of 16, one slice */
-        test_gemm(300, 1024, 70, false); /* several slices, two token tiles */
-        test_gemm(136, 520, 33, true);   /* skinny's largest tile and the tiled kernel at 33 */
-        test_gemm_silu(100, 264);
-        test_gemm_silu(200, 1024); /* several slices */
+        /* every shape of the tiled kernel: each must give the skinny kernel's bits */
+        for (const char *tiling : {"128x64", "256x64", "128x128"}) {
+            CHECK(cllm_cuda_gemm_use_tiling(tiling) == cudaSuccess);
+            CHECK(strcmp(cllm_cuda_gemm_tiling(), tiling) == 0);
+            printf("tiled GEMM in blocks of %s\n", tiling);
+            test_gemm(40, 72, 70, true);     /* K not a multiple of 32, N not of 16, one slice */
+            test_gemm(300, 1024, 70, false); /* several slices, two token tiles (one of 128) */
+            test_gemm(136, 520, 33, true);   /* skinny's largest tile and the tiled kernel at 33 */
+            test_gemm_silu(100, 264);
+            test_gemm_silu(200, 1024); /* several slices */
+        }
+        CHECK(cllm_cuda_gemm_use_tiling("64x64") == cudaErrorInvalidValue);
+        CHECK(cllm_cuda_gemm_use_tiling(NULL) == cudaErrorInvalidValue);
+        CHECK(strcmp(cllm_cuda_gemm_tiling(), "128x128") == 0); /* a refused name changes nothing */
+        CHECK(cllm_cuda_gemm_use_tiling("128x64") == cudaSuccess);
         test_gemm_rope_store(12, 2, 128, 264, true); /* Qwen2.5-1.5B's heads */
         test_gemm_rope_store(14, 2, 64, 520, false); /* Qwen2.5-0.5B's, several slices */
     }

@@ -19,6 +19,7 @@
 #include "backend/cuda/vendor.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -977,6 +978,23 @@ static bool env_is_one(const char *name)
     return v && strcmp(v, "1") == 0;
 }
 
+/* The tiled GEMM's block shape from CLLM_GEMM_TILE (gemm.h: same bits, another speed), for
+ * comparisons on a GPU; a name it does not know is ignored with a warning. */
+static void choose_gemm_tiling(void)
+{
+    const char *tile = getenv("CLLM_GEMM_TILE");
+    if (!tile || !*tile)
+        return;
+    cudaError_t e = cllm_cuda_gemm_use_tiling(tile);
+    if (e == cudaErrorInvalidValue)
+        cllm_log(CLLM_LOG_WARN,
+                 "cuda: CLLM_GEMM_TILE=%s ignored: not one of 128x64, 256x64, 128x128", tile);
+    else if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        cllm_log(CLLM_LOG_WARN, "cuda: CLLM_GEMM_TILE=%s ignored: %s", tile, cudaGetErrorString(e));
+    }
+}
+
 extern "C" enum cllm_status cllm_backend_cuda_new(struct cllm_backend **out, int32_t device,
                                                   char *err, size_t err_len)
 {
@@ -1066,6 +1084,12 @@ extern "C" enum cllm_status cllm_backend_cuda_new(struct cllm_backend **out, int
     }
     if (c->blas_bf16_out)
         gemm = "the vendor BLAS in BF16 (it writes no F32 from BF16; not batch-invariant)";
+    char ours[96];
+    if (!c->cublas_only) {
+        choose_gemm_tiling();
+        snprintf(ours, sizeof ours, "%s, %s tiles", gemm, cllm_cuda_gemm_tiling());
+        gemm = ours;
+    }
     struct cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
         cllm_cuda_pdl = prop.major >= 9 && !env_is_one("CLLM_NO_PDL");

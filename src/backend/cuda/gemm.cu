@@ -13,6 +13,8 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 
+#include <string.h>
+
 #define CHUNK 32         /* K elements per step: two MMAs */
 #define VECS (CHUNK / 8) /* 16-byte vectors per row and chunk */
 #define MAX_SLICES 16
@@ -21,15 +23,28 @@
  * bandwidth x latency on an H100/H200 is about 6 MB). */
 #define TARGET_WARPS 2048
 
-#define STAGES 4   /* tiled kernel: chunks in its shared-memory ring (48 KiB) */
-#define TILE_M 128 /* tiled kernel: W rows per block */
-#define TILE_N 64  /* tokens per block */
-#define WARP_M 32  /* each warp: 32 rows (2 MMA tiles) x 32 tokens (4 MMA tiles) */
-#define WARP_N 32
-#define WARPS_M (TILE_M / WARP_M)
-#define TILED_THREADS (WARPS_M * (TILE_N / WARP_N) * 32)
-#define TILED_LOADS ((TILE_M + TILE_N) * VECS / TILED_THREADS) /* vectors per thread and chunk */
-#define TILED_LOADS_W (TILE_M * VECS / TILED_THREADS)          /* the first of them: W rows */
+/* The tiled kernel's block shape: WARPS_M x WARPS_N warps, each MT 16-row x NT 8-token MMA
+ * tiles, a ring of STAGES chunks in shared memory. Which one runs changes the speed, never the
+ * bits (the formula is per element). A warp's tile sets how many MMAs each shared-memory load
+ * feeds: 32 x 32 (session 22's 128 x 64 blocks, ~135 TFLOP/s on an H200) issues 8 loads for
+ * 16 MMAs a chunk; 64 x 32 issues 12 for 32, and half the barriers per MMA. */
+template <int WARPS_M_, int WARPS_N_, int MT_, int NT_, int STAGES_, int MIN_BLOCKS_>
+struct tiling {
+    static constexpr int WARPS_M = WARPS_M_, WARPS_N = WARPS_N_, MT = MT_, NT = NT_;
+    static constexpr int STAGES = STAGES_, MIN_BLOCKS = MIN_BLOCKS_;
+    static constexpr int WARP_M = 16 * MT, WARP_N = 8 * NT;
+    static constexpr int M = WARPS_M * WARP_M; /* W rows per block */
+    static constexpr int N = WARPS_N * WARP_N; /* tokens per block */
+    static constexpr int THREADS = WARPS_M * WARPS_N * 32;
+    static constexpr int LOADS = (M + N) * VECS / THREADS; /* vectors per thread and chunk */
+    static constexpr int LOADS_W = M * VECS / THREADS;     /* the first of them: W rows */
+    static constexpr size_t SMEM = (size_t)STAGES * (M + N) * VECS * 16;
+    static_assert((M + N) * VECS % THREADS == 0, "tiles load evenly");
+    static_assert(M * VECS % THREADS == 0, "a thread's first loads are W rows only");
+};
+using tiling_128x64 = tiling<4, 2, 2, 4, 4, 2>;  /* 48 KiB, two blocks an SM */
+using tiling_256x64 = tiling<4, 2, 4, 4, 4, 1>;  /* 80 KiB */
+using tiling_128x128 = tiling<2, 4, 4, 4, 4, 1>; /* 64 KiB */
 
 int32_t cllm_cuda_gemm_slices(int32_t N, int32_t K)
 {
@@ -42,10 +57,38 @@ int32_t cllm_cuda_gemm_slices(int32_t N, int32_t K)
     return s < 1 ? 1 : (int32_t)s;
 }
 
-#ifdef CLLM_HAVE_MMA
+/* The tiled kernel's shapes by name (the tiling structs below, for the host), and the one this
+ * process uses: one choice for every GEMM, so that a token's bits never depend on it changing
+ * between steps (they would not anyway: the formula is per element). */
+enum { TILING_128X64, TILING_256X64, TILING_128X128, N_TILINGS };
+struct tiling_shape {
+    const char *name;
+    int m, n, min_blocks;
+};
+static const struct tiling_shape tilings[N_TILINGS] = {
+    {"128x64", 128, 64, 2}, {"256x64", 256, 64, 1}, {"128x128", 128, 128, 1}};
+static int current_tiling = TILING_128X64;
 
-static_assert((TILE_M + TILE_N) * VECS % TILED_THREADS == 0, "tiles load evenly");
-static_assert(TILE_M * VECS % TILED_THREADS == 0, "a thread's first loads are W rows only");
+const char *cllm_cuda_gemm_tiling(void)
+{
+    return tilings[current_tiling].name;
+}
+
+static cudaError_t prepare_tiling(int id);
+
+cudaError_t cllm_cuda_gemm_use_tiling(const char *name)
+{
+    for (int i = 0; i < N_TILINGS; i++)
+        if (name && strcmp(name, tilings[i].name) == 0) {
+            cudaError_t e = prepare_tiling(i);
+            if (e == cudaSuccess)
+                current_tiling = i;
+            return e;
+        }
+    return cudaErrorInvalidValue;
+}
+
+#ifdef CLLM_HAVE_MMA
 
 int cllm_cuda_gemm_supported(const void *w, const void *x, int32_t K)
 {
@@ -312,13 +355,13 @@ static __global__ void __launch_bounds__(MAX_SLICES * 32)
 
 /* Where tile row r's vector v of chunk c of the tiled kernel comes from (W rows first, then
  * tokens): row or token src of W or x (-1: past the edge), NULL past K or the edge (zeros). */
-template <bool SILU>
+template <class T, bool SILU>
 static __device__ __forceinline__ const void *tile_src(const __nv_bfloat16 *w, const void *x,
                                                        int32_t src, int r, int32_t k, int32_t K)
 {
     if (src < 0 || k >= K)
         return NULL;
-    if (r < TILE_M)
+    if (r < T::M)
         return w + (int64_t)src * K + k;
     return SILU ? (const void *)((const float *)x + (int64_t)src * 2 * K + k)
                 : (const void *)((const __nv_bfloat16 *)x + (int64_t)src * K + k);
@@ -328,17 +371,17 @@ static __device__ __forceinline__ const void *tile_src(const __nv_bfloat16 *w, c
  * i < TILED_LOADS_W). Straight from global to shared memory (cp.async) where the bytes are
  * used as they are; zeros (past K or the edge) stored directly. SILU tokens are computed, so
  * they are not copied here: see load_silu_x / store_silu_x. */
-template <bool SILU, int i0, int i1>
+template <class T, bool SILU, int i0, int i1>
 static __device__ __forceinline__ void copy_chunk(uint4 (*slot)[VECS], const __nv_bfloat16 *w,
-                                                  const void *x, const int32_t (&src)[TILED_LOADS],
+                                                  const void *x, const int32_t (&src)[T::LOADS],
                                                   int32_t c, int32_t K)
 {
 #pragma unroll
     for (int i = i0; i < i1; i++) {
-        const int idx = (int)threadIdx.x + i * TILED_THREADS, r = idx / VECS, v = idx % VECS;
-        if (SILU && r >= TILE_M)
+        const int idx = (int)threadIdx.x + i * T::THREADS, r = idx / VECS, v = idx % VECS;
+        if (SILU && r >= T::M)
             continue;
-        const void *from = tile_src<SILU>(w, x, src[i], r, c * CHUNK + v * 8, K);
+        const void *from = tile_src<T, SILU>(w, x, src[i], r, c * CHUNK + v * 8, K);
         if (from)
             cllm_cp_async16(&slot[r][v], from);
         else
@@ -346,84 +389,88 @@ static __device__ __forceinline__ void copy_chunk(uint4 (*slot)[VECS], const __n
     }
 }
 
-/* The W part of chunk c (loads i < TILED_LOADS_W): the one thing the tiled kernel touches
+/* The W part of chunk c (loads i < T::LOADS_W): the one thing the tiled kernel touches
  * before cllm_pdl_wait() (weights are never written by a kernel). */
-template <bool SILU>
+template <class T, bool SILU>
 static __device__ __forceinline__ void load_w_tile(uint4 (*slot)[VECS], const __nv_bfloat16 *w,
-                                                   const int32_t (&src)[TILED_LOADS], int32_t c,
+                                                   const int32_t (&src)[T::LOADS], int32_t c,
                                                    int32_t K)
 {
-    copy_chunk<SILU, 0, TILED_LOADS_W>(slot, w, NULL, src, c, K);
+    copy_chunk<T, SILU, 0, T::LOADS_W>(slot, w, NULL, src, c, K);
 }
 
 /* SILU: this thread's token vectors of chunk c, computed from gate and up into registers
  * (staged), and then stored into their slot. */
-template <bool SILU>
-static __device__ __forceinline__ void load_silu_x(uint4 (&staged)[TILED_LOADS], const void *x,
-                                                   const int32_t (&src)[TILED_LOADS], int32_t c,
+template <class T, bool SILU>
+static __device__ __forceinline__ void load_silu_x(uint4 (&staged)[T::LOADS], const void *x,
+                                                   const int32_t (&src)[T::LOADS], int32_t c,
                                                    int32_t K)
 {
     if constexpr (SILU) {
 #pragma unroll
-        for (int i = TILED_LOADS_W; i < TILED_LOADS; i++) {
-            const int idx = (int)threadIdx.x + i * TILED_THREADS;
+        for (int i = T::LOADS_W; i < T::LOADS; i++) {
+            const int idx = (int)threadIdx.x + i * T::THREADS;
             staged[i] = load_x<true>(src[i] < 0 ? NULL : x_row<true>(x, src[i], K),
                                      c * CHUNK + idx % VECS * 8, K);
         }
     }
 }
-template <bool SILU>
+template <class T, bool SILU>
 static __device__ __forceinline__ void store_silu_x(uint4 (*slot)[VECS],
-                                                    const uint4 (&staged)[TILED_LOADS])
+                                                    const uint4 (&staged)[T::LOADS])
 {
     if constexpr (SILU) {
 #pragma unroll
-        for (int i = TILED_LOADS_W; i < TILED_LOADS; i++) {
-            const int idx = (int)threadIdx.x + i * TILED_THREADS;
+        for (int i = T::LOADS_W; i < T::LOADS; i++) {
+            const int idx = (int)threadIdx.x + i * T::THREADS;
             slot[idx / VECS][idx % VECS] = staged[i];
         }
     }
 }
 
-/* Prefill steps: block = TILE_M rows x TILE_N tokens staged through shared memory in a ring of
- * STAGES chunks: chunk c + STAGES - 1 is in flight (cp.async) while chunk c is multiplied, so
+/* Prefill steps: block = T::M rows x T::N tokens staged through shared memory in a ring of
+ * T::STAGES chunks: chunk c + STAGES - 1 is in flight (cp.async) while chunk c is multiplied, so
  * memory latency hides behind STAGES - 1 chunks of MMAs rather than one. (The SiLU variant's
  * tokens are computed on load and go through registers, one chunk ahead.) Each element keeps
  * the running slice (acc) apart from the finished ones (total), so the sums happen in exactly
  * the skinny kernel's order; how the bytes arrive does not change them. With `partials`,
  * block z computes slice z alone and stores it there ([S][n][N]) for gemm_reduce: the same
  * sums, spread over more blocks when the tiles alone would leave SMs idle (N = 1536 at 192
- * tokens is 36 tiles). As in the skinny kernel, the first chunk's W vectors are requested
- * before cllm_pdl_wait(). */
-template <bool SILU>
-static __global__ void __launch_bounds__(TILED_THREADS, 2)
+ * tokens is 36 tiles of 128 x 64). As in the skinny kernel, the first chunk's W vectors are
+ * requested before cllm_pdl_wait(). The ring is dynamic shared memory (T::SMEM, up to 80 KiB:
+ * cllm_cuda_gemm_use_tiling raises the limit). */
+template <class T, bool SILU>
+static __global__ void __launch_bounds__(T::THREADS, T::MIN_BLOCKS)
     gemm_tiled(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K, const void *x,
                int32_t n, float *y, int32_t ldy, int32_t S, float *partials)
 {
-    /* rows 0..TILE_M-1: the W rows of the tile; TILE_M..: its tokens */
-    __shared__ uint4 tile[STAGES][TILE_M + TILE_N][VECS];
+    constexpr int STAGES = T::STAGES, MT = T::MT, NT = T::NT;
+    /* [STAGES][T::M + T::N][VECS]: rows 0..T::M-1 the W rows of the tile, then its tokens */
+    extern __shared__ uint4 gemm_ring[];
+    using stage = uint4[T::M + T::N][VECS];
+    stage *tile = reinterpret_cast<stage *>(gemm_ring);
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
-    const int wm = warp % WARPS_M, wn = warp / WARPS_M;
-    const int32_t row0 = (int32_t)blockIdx.y * TILE_M, tok0 = (int32_t)blockIdx.x * TILE_N;
+    const int wm = warp % T::WARPS_M, wn = warp / T::WARPS_M;
+    const int32_t row0 = (int32_t)blockIdx.y * T::M, tok0 = (int32_t)blockIdx.x * T::N;
     const int32_t chunks = (K + CHUNK - 1) / CHUNK;
 
-    /* This thread's vectors of each chunk: tile row (tid + i * TILED_THREADS) / VECS, which is
-     * W row src[i] or token src[i] (-1: past the edge), vector (tid + i * TILED_THREADS) % VECS.
+    /* This thread's vectors of each chunk: tile row (tid + i * T::THREADS) / VECS, which is
+     * W row src[i] or token src[i] (-1: past the edge), vector (tid + i * T::THREADS) % VECS.
      * Indices, not pointers: two fewer registers each. */
-    int32_t src[TILED_LOADS];
+    int32_t src[T::LOADS];
 #pragma unroll
-    for (int i = 0; i < TILED_LOADS; i++) {
-        const int r = (tid + i * TILED_THREADS) / VECS;
-        if (r < TILE_M)
+    for (int i = 0; i < T::LOADS; i++) {
+        const int r = (tid + i * T::THREADS) / VECS;
+        if (r < T::M)
             src[i] = row0 + r < N ? row0 + r : -1;
         else
-            src[i] = tok0 + r - TILE_M < n ? tok0 + r - TILE_M : -1;
+            src[i] = tok0 + r - T::M < n ? tok0 + r - T::M : -1;
     }
-    uint4 staged[TILED_LOADS]; /* SILU: the next chunk's tokens */
-    float acc[2][4][4], total[2][4][4];
+    uint4 staged[T::LOADS]; /* SILU: the next chunk's tokens */
+    float acc[MT][NT][4], total[MT][NT][4];
 #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-        for (int nt = 0; nt < 4; nt++)
+    for (int mt = 0; mt < MT; mt++)
+        for (int nt = 0; nt < NT; nt++)
             for (int e = 0; e < 4; e++)
                 acc[mt][nt][e] = total[mt][nt][e] = 0.0f;
 
@@ -436,18 +483,18 @@ static __global__ void __launch_bounds__(TILED_THREADS, 2)
 
     /* The ring's first STAGES - 1 chunks, one commit group each (empty past c_end, so that
      * "group c done" is always "at most STAGES - 2 groups pending"). */
-    load_w_tile<SILU>(tile[0], w, src, c_begin, K);
+    load_w_tile<T, SILU>(tile[0], w, src, c_begin, K);
     cllm_pdl_wait(); /* x, y and partials from here on */
-    copy_chunk<SILU, TILED_LOADS_W, TILED_LOADS>(tile[0], w, x, src, c_begin, K);
+    copy_chunk<T, SILU, T::LOADS_W, T::LOADS>(tile[0], w, x, src, c_begin, K);
     cllm_cp_async_commit();
 #pragma unroll
     for (int st = 1; st < STAGES - 1; st++) {
         if (c_begin + st < c_end)
-            copy_chunk<SILU, 0, TILED_LOADS>(tile[st], w, x, src, c_begin + st, K);
+            copy_chunk<T, SILU, 0, T::LOADS>(tile[st], w, x, src, c_begin + st, K);
         cllm_cp_async_commit();
     }
-    load_silu_x<SILU>(staged, x, src, c_begin, K);
-    store_silu_x<SILU>(tile[0], staged);
+    load_silu_x<T, SILU>(staged, x, src, c_begin, K);
+    store_silu_x<T, SILU>(tile[0], staged);
 
     for (int32_t c = c_begin; c < c_end; c++) {
         const int b = (int)((c - c_begin) % STAGES);
@@ -456,30 +503,28 @@ static __global__ void __launch_bounds__(TILED_THREADS, 2)
         /* Chunk c + STAGES - 1 into the slot chunk c - 1 used. */
         const int32_t ahead = c + STAGES - 1;
         if (ahead < c_end)
-            copy_chunk<SILU, 0, TILED_LOADS>(tile[(b + STAGES - 1) % STAGES], w, x, src, ahead, K);
+            copy_chunk<T, SILU, 0, T::LOADS>(tile[(b + STAGES - 1) % STAGES], w, x, src, ahead, K);
         cllm_cp_async_commit();
         const bool more = c + 1 < c_end;
         if (more)
-            load_silu_x<SILU>(staged, x, src, c + 1, K);
+            load_silu_x<T, SILU>(staged, x, src, c + 1, K);
 
-        uint4 vl[2], vh[2], vx[4];
+        uint4 vx[NT];
 #pragma unroll
-        for (int mt = 0; mt < 2; mt++) {
-            vl[mt] = tile[b][wm * WARP_M + mt * 16 + g][q];
-            vh[mt] = tile[b][wm * WARP_M + mt * 16 + g + 8][q];
+        for (int nt = 0; nt < NT; nt++)
+            vx[nt] = tile[b][T::M + wn * T::WARP_N + nt * 8 + g][q];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            const uint4 vl = tile[b][wm * T::WARP_M + mt * 16 + g][q];
+            const uint4 vh = tile[b][wm * T::WARP_M + mt * 16 + g + 8][q];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+                mma_chunk(acc[mt][nt], vl, vh, vx[nt]);
         }
-#pragma unroll
-        for (int nt = 0; nt < 4; nt++)
-            vx[nt] = tile[b][TILE_M + wn * WARP_N + nt * 8 + g][q];
-#pragma unroll
-        for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++)
-                mma_chunk(acc[mt][nt], vl[mt], vh[mt], vx[nt]);
         if (c + 1 == slice_end) {
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-                for (int nt = 0; nt < 4; nt++)
+            for (int mt = 0; mt < MT; mt++)
+                for (int nt = 0; nt < NT; nt++)
                     for (int e = 0; e < 4; e++) {
                         total[mt][nt][e] =
                             first ? acc[mt][nt][e] : total[mt][nt][e] + acc[mt][nt][e];
@@ -493,15 +538,15 @@ static __global__ void __launch_bounds__(TILED_THREADS, 2)
          * copy writes token rows then). The barrier at the top of the next step publishes
          * them. */
         if (more)
-            store_silu_x<SILU>(tile[(b + 1) % STAGES], staged);
+            store_silu_x<T, SILU>(tile[(b + 1) % STAGES], staged);
     }
     cllm_cp_async_wait<0>(); /* no copy may outlive the block (the empty groups aside) */
 #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-        for (int nt = 0; nt < 4; nt++)
+    for (int mt = 0; mt < MT; mt++)
+        for (int nt = 0; nt < NT; nt++)
             for (int e = 0; e < 4; e++) {
-                const int32_t row = row0 + wm * WARP_M + mt * 16 + acc_row(lane, e);
-                const int32_t tok = tok0 + wn * WARP_N + nt * 8 + acc_tok(lane, e);
+                const int32_t row = row0 + wm * T::WARP_M + mt * 16 + acc_row(lane, e);
+                const int32_t tok = tok0 + wn * T::WARP_N + nt * 8 + acc_tok(lane, e);
                 if (row >= N || tok >= n)
                     continue;
                 if (partials)
@@ -528,15 +573,15 @@ static __global__ void gemm_reduce(const float *partials, const float *bias, int
     }
 }
 
-/* The tiled kernel spreads slices over blocks when its tiles number fewer than this (about
- * two per SM on an H100/H200). */
-#define PARALLEL_BELOW_BLOCKS 256
-
+/* The tiled kernel spreads slices over blocks when its tiles number fewer than about two
+ * blocks per SM of an H100/H200 (132 SMs): 256 tiles of a shape two of whose blocks fit an SM,
+ * 128 of one that takes the SM alone. */
 static bool slices_in_parallel(int32_t N, int32_t K, int32_t n)
 {
-    int64_t tiles = ((int64_t)n + TILE_N - 1) / TILE_N * (((int64_t)N + TILE_M - 1) / TILE_M);
+    const struct tiling_shape *t = &tilings[current_tiling];
+    int64_t tiles = ((int64_t)n + t->n - 1) / t->n * (((int64_t)N + t->m - 1) / t->m);
     return n > CLLM_CUDA_GEMM_SKINNY_MAX && cllm_cuda_gemm_slices(N, K) > 1 &&
-           tiles < PARALLEL_BELOW_BLOCKS;
+           tiles < 128 * t->min_blocks;
 }
 
 size_t cllm_cuda_gemm_scratch_bytes(int32_t N, int32_t K, int32_t n)
@@ -578,6 +623,40 @@ static void launch_skinny(const __nv_bfloat16 *w, const EP &ep, int32_t N, int32
         launch_skinny_as<SILU, false>(w, ep, N, K, x, n, y, ldy, S, stream);
 }
 
+/* The tiled kernel of shape T over all of n and N (partials: one slice per block, in z). */
+template <class T, bool SILU>
+static void launch_tiled(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K,
+                         const void *x, int32_t n, float *y, int32_t ldy, int32_t S,
+                         float *partials, cudaStream_t stream)
+{
+    dim3 grid((unsigned)((n + T::N - 1) / T::N), (unsigned)((N + T::M - 1) / T::M),
+              partials ? (unsigned)S : 1u);
+    cllm_launch(gemm_tiled<T, SILU>, grid, T::THREADS, T::SMEM, stream, w, bias, N, K, x, n, y, ldy,
+                S, partials);
+}
+
+/* Lets both variants of shape T take its ring (past the 48 KiB a block gets unasked). */
+template <class T> static cudaError_t allow_ring()
+{
+    if (T::SMEM <= 48 * 1024)
+        return cudaSuccess;
+    cudaError_t e = cudaFuncSetAttribute(gemm_tiled<T, false>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)T::SMEM);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(gemm_tiled<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)T::SMEM);
+    return e;
+}
+
+static cudaError_t prepare_tiling(int id)
+{
+    if (id == TILING_256X64)
+        return allow_ring<tiling_256x64>();
+    if (id == TILING_128X128)
+        return allow_ring<tiling_128x128>();
+    return allow_ring<tiling_128x64>();
+}
+
 template <bool SILU>
 static cudaError_t launch_gemm(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K,
                                const void *x, int32_t n, float *y, int32_t ldy, void *scratch,
@@ -593,11 +672,13 @@ static cudaError_t launch_gemm(const __nv_bfloat16 *w, const float *bias, int32_
     else {
         const size_t need = cllm_cuda_gemm_scratch_bytes(N, K, n);
         const bool parallel = need > 0 && scratch && scratch_bytes >= need;
-        dim3 grid((unsigned)((n + TILE_N - 1) / TILE_N), (unsigned)((N + TILE_M - 1) / TILE_M),
-                  parallel ? (unsigned)S : 1u);
         float *partials = parallel ? (float *)scratch : NULL;
-        cllm_launch(gemm_tiled<SILU>, grid, TILED_THREADS, 0, stream, w, bias, N, K, x, n, y, ldy,
-                    S, partials);
+        if (current_tiling == TILING_256X64)
+            launch_tiled<tiling_256x64, SILU>(w, bias, N, K, x, n, y, ldy, S, partials, stream);
+        else if (current_tiling == TILING_128X128)
+            launch_tiled<tiling_128x128, SILU>(w, bias, N, K, x, n, y, ldy, S, partials, stream);
+        else
+            launch_tiled<tiling_128x64, SILU>(w, bias, N, K, x, n, y, ldy, S, partials, stream);
         if (parallel) {
             cudaError_t e = cudaGetLastError();
             if (e != cudaSuccess)
@@ -644,6 +725,12 @@ cudaError_t cllm_cuda_gemm_rope_store(const __nv_bfloat16 *w, int32_t K, const _
 }
 
 #else /* no tensor-core MMA on this vendor: the backend uses its BLAS */
+
+static cudaError_t prepare_tiling(int id)
+{
+    (void)id;
+    return cudaSuccess;
+}
 
 int cllm_cuda_gemm_rope_supported(const void *w, const void *x, int32_t K, int32_t n,
                                   int32_t head_dim)

@@ -12,8 +12,9 @@
  *
  * Two kernels implement that one formula: a "skinny" one for decode steps (n <= 32; one warp
  * per 16 rows x slice, streaming W with 16-byte loads, slices reduced in shared memory) and a
- * tiled one for larger steps (128 rows x 64 tokens per block through shared memory; slices one
- * after the other in the block, or in parallel blocks summed by a second kernel in order).
+ * tiled one for larger steps (128 rows x 64 tokens per block, or another shape of
+ * cllm_cuda_gemm_use_tiling, through shared memory; slices one after the other in the block, or
+ * in parallel blocks summed by a second kernel in order).
  */
 #ifndef CLLM_BACKEND_CUDA_GEMM_H
 #define CLLM_BACKEND_CUDA_GEMM_H
@@ -25,6 +26,15 @@
 
 /* Steps with at most this many tokens take the skinny kernel. */
 #define CLLM_CUDA_GEMM_SKINNY_MAX 32
+
+/* The tiled kernel's block shape, W rows x tokens: "128x64" (the default, measured on an H200 in
+ * session 22), "256x64" or "128x128" (warps of 64 x 32 rather than 32 x 32: more MMAs per
+ * shared-memory load; not yet measured on a GPU). One choice per process, made before the
+ * first GEMM (the backend takes CLLM_GEMM_TILE); the bits are the same whichever runs.
+ * cudaErrorInvalidValue for an unknown name, or the runtime's error raising the shared-memory
+ * limit. */
+cudaError_t cllm_cuda_gemm_use_tiling(const char *name);
+const char *cllm_cuda_gemm_tiling(void);
 
 /* K slices of a weight [N][K] (>= 1): enough warps to keep the memory system busy when one
  * token streams W, never slices shorter than 4 chunks. */
