@@ -354,6 +354,36 @@ static __global__ void __launch_bounds__(MMA_WARPS * 32)
     if (lo >= hi)
         return; /* no row has keys in this split; no barrier has been reached yet */
 
+    const int32_t *table = b.block_table + (int64_t)b.seq[t0] * b.max_blocks;
+    const int64_t kv_stride = (int64_t)n_kv * HD; /* elements between consecutive slots */
+    const int32_t n_tiles = (hi - lo + TILE - 1) / TILE;
+    /* Queues tile i's keys into buffer buf; keys past hi become zeros (always masked). */
+    auto load_tile = [&](int32_t i, int buf) {
+        for (int c = threadIdx.x; c < TILE * CHUNKS; c += MMA_WARPS * 32) {
+            const int j = c / CHUNKS, e = (c % CHUNKS) * 8;
+            const int32_t p = lo + i * TILE + j;
+            if (p < hi) {
+                int64_t slot = (int64_t)table[p / b.block_size] * b.block_size + p % b.block_size;
+                int64_t at = slot * kv_stride + (int64_t)kvh * HD + e;
+                cllm_cp_async16(&ks[buf][j][e], k_cache + at);
+                cllm_cp_async16(&vs[buf][j][e], v_cache + at);
+            } else {
+                *(uint4 *)&ks[buf][j][e] = make_uint4(0, 0, 0, 0);
+                *(uint4 *)&vs[buf][j][e] = make_uint4(0, 0, 0, 0);
+            }
+        }
+        cllm_cp_async_commit();
+    };
+    /* The first two tiles are requested before Q is read: a decode block walks one or two
+     * tiles, so the memory round trips overlap rather than follow each other. Then tile i + 2
+     * goes into tile i's buffer once that is consumed; one commit group per tile (empty past
+     * the last), so "tile i has landed" is always "at most one group pending". */
+    load_tile(0, 0);
+    if (n_tiles > 1)
+        load_tile(1, 1);
+    else
+        cllm_cp_async_commit();
+
     const bool warp_has_rows = 16 * warp / group < count; /* warp-uniform */
     struct mma_row row[2];
     unsigned qa[KC][4]; /* Q as MMA A fragments, BF16 */
@@ -385,36 +415,10 @@ static __global__ void __launch_bounds__(MMA_WARPS * 32)
     for (int n = 0; n < ND; n++)
         acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 
-    const int32_t *table = b.block_table + (int64_t)b.seq[t0] * b.max_blocks;
-    const int64_t kv_stride = (int64_t)n_kv * HD; /* elements between consecutive slots */
-    const int32_t n_tiles = (hi - lo + TILE - 1) / TILE;
-    /* Queues tile i's keys into buffer buf; keys past hi become zeros (always masked). */
-    auto load_tile = [&](int32_t i, int buf) {
-        for (int c = threadIdx.x; c < TILE * CHUNKS; c += MMA_WARPS * 32) {
-            const int j = c / CHUNKS, e = (c % CHUNKS) * 8;
-            const int32_t p = lo + i * TILE + j;
-            if (p < hi) {
-                int64_t slot = (int64_t)table[p / b.block_size] * b.block_size + p % b.block_size;
-                int64_t at = slot * kv_stride + (int64_t)kvh * HD + e;
-                cllm_cp_async16(&ks[buf][j][e], k_cache + at);
-                cllm_cp_async16(&vs[buf][j][e], v_cache + at);
-            } else {
-                *(uint4 *)&ks[buf][j][e] = make_uint4(0, 0, 0, 0);
-                *(uint4 *)&vs[buf][j][e] = make_uint4(0, 0, 0, 0);
-            }
-        }
-        cllm_cp_async_commit();
-    };
-
-    load_tile(0, 0);
     for (int32_t i = 0; i < n_tiles; i++) {
         const int buf = i & 1;
-        if (i + 1 < n_tiles)
-            load_tile(i + 1, buf ^ 1);
-        else
-            cllm_cp_async_commit(); /* an empty group: wait<1> below still means "tile i" */
-        cllm_cp_async_wait<1>();
-        __syncthreads();
+        cllm_cp_async_wait<1>(); /* this thread's copies of tile i have landed... */
+        __syncthreads();         /* ... everyone's have */
         if (warp_has_rows) {
             const int32_t p0 = lo + i * TILE;
             /* scores s = Q K^T for the warp's 16 rows x TILE keys */
@@ -490,6 +494,10 @@ static __global__ void __launch_bounds__(MMA_WARPS * 32)
             }
         }
         __syncthreads(); /* buffer buf is free for tile i + 2 */
+        if (i + 2 < n_tiles)
+            load_tile(i + 2, buf);
+        else
+            cllm_cp_async_commit();
     }
     cllm_cp_async_wait<0>();
 
