@@ -177,12 +177,12 @@ struct cllm_backend_iface {
     /* gate_up is [n][2 * dim] F32 (gate, then up); out [n][dim] act_dtype = silu(gate) * up. */
     enum cllm_status (*silu_mul)(struct cllm_backend *be, const float *gate_up, int32_t n,
                                  int32_t dim, void *out);
-    /* Optional (NULL: not fused): y = W silu_mul(gate_up) -- the same bits as silu_mul into
-     * an act_dtype buffer and a matmul of it, in one op and without the buffer. Returns
+    /* Optional (NULL: not fused): out = silu_mul(W x) for the stacked [gate | up] weight W
+     * ([2 dim][K]; x [n][K] act_dtype, out [n][dim] act_dtype) -- the same bits as a matmul into
+     * an F32 [n][2 dim] buffer and silu_mul of it, in one op and without the buffer. Returns
      * CLLM_ERR_UNSUPPORTED, having queued nothing, for operands it cannot fuse. */
-    enum cllm_status (*matmul_silu)(struct cllm_backend *be, const struct cllm_weight *w,
-                                    const float *gate_up, int32_t n, int32_t dim, float *y,
-                                    int32_t ldy);
+    enum cllm_status (*matmul_gate_up_silu)(struct cllm_backend *be, const struct cllm_weight *w,
+                                            const void *x, int32_t n, int32_t dim, void *out);
     /* Optional (NULL: not fused): qkv = W x (x [n][K] act_dtype, n = b->n_tokens, W the stacked
      * [q | k | v] weight, no bias in the product), then qkv_rope_store(rope, b, qkv, ld, bias,
      * n_head, n_kv, k_cache, v_cache) -- the same bits as the two ops, in one. Returns

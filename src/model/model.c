@@ -476,23 +476,26 @@ static enum cllm_status upload_step(struct cllm_model *m, const struct cllm_step
     return be->upload(m->be, m->step_i32, m->step_host, need * sizeof(int32_t));
 }
 
-/* ffo = W_down silu_mul(gate_up): one op where the backend fuses them. */
-static enum cllm_status down_projection(struct cllm_model *m, const struct layer *L, int32_t n)
+static enum cllm_status project(struct cllm_model *m, const struct proj *p, const void *x,
+                                int32_t n, float *y, int32_t ldy);
+
+/* ffo = W_down silu_mul(W_gate_up xn): the gate/up product and SiLU in one op where the backend
+ * fuses them (no F32 gate_up buffer between), else the product, then SiLU. */
+static enum cllm_status feed_forward(struct cllm_model *m, const struct layer *L, int32_t n)
 {
     const struct cllm_backend_iface *be = m->be->iface;
     int32_t F = m->hp.n_ff, E = m->hp.n_embd;
-    enum cllm_status st = be->matmul_silu
-                              ? be->matmul_silu(m->be, &L->w_down, m->gate_up, n, F, m->ffo, E)
-                              : CLLM_ERR_UNSUPPORTED;
-    if (st != CLLM_ERR_UNSUPPORTED)
-        return st;
-    if ((st = be->silu_mul(m->be, m->gate_up, n, F, m->ff)))
+    enum cllm_status st = CLLM_ERR_UNSUPPORTED;
+    if (be->matmul_gate_up_silu && L->gate_up.stacked.host)
+        st = be->matmul_gate_up_silu(m->be, &L->gate_up.stacked, m->xn, n, F, m->ff);
+    if (st == CLLM_ERR_UNSUPPORTED) {
+        if ((st = project(m, &L->gate_up, m->xn, n, m->gate_up, 2 * F)) ||
+            (st = be->silu_mul(m->be, m->gate_up, n, F, m->ff)))
+            return st;
+    } else if (st)
         return st;
     return be->matmul(m->be, &L->w_down, NULL, m->ff, n, m->ffo, E);
 }
-
-static enum cllm_status project(struct cllm_model *m, const struct proj *p, const void *x,
-                                int32_t n, float *y, int32_t ldy);
 
 /* q, k, v of the step's tokens: projected, biased, rotated, K and V stored in the layer's
  * cache -- in one op where the backend fuses them. */
@@ -540,7 +543,7 @@ static enum cllm_status issue_ops(struct cllm_model *m, struct cllm_kv_cache *kv
     struct cllm_backend *b = m->be;
     const struct cllm_backend_iface *be = b->iface;
     const struct cllm_hparams *hp = &m->hp;
-    int32_t n = s->n_tokens, E = hp->n_embd, F = hp->n_ff, hd = hp->head_dim;
+    int32_t n = s->n_tokens, E = hp->n_embd, hd = hp->head_dim;
     int32_t Q = hp->n_head * hd, KV = hp->n_head_kv * hd, QKV = Q + 2 * KV;
     struct cllm_rope rope = {hp->rope_theta, hd};
     float scale = 1.0f / sqrtf((float)hd);
@@ -563,8 +566,7 @@ static enum cllm_status issue_ops(struct cllm_model *m, struct cllm_kv_cache *kv
                           scale, m->attn_scratch, m->attn));
         TRY(be->matmul(b, &L->wo, NULL, m->attn, n, m->ffo, E));
         TRY(be->add_rmsnorm(b, m->x, m->ffo, &L->ffn_norm, hp->rms_eps, n, E, m->xn));
-        TRY(project(m, &L->gate_up, m->xn, n, m->gate_up, 2 * F));
-        TRY(down_projection(m, L, n));
+        TRY(feed_forward(m, L, n));
     }
     if (s->n_outputs > 0) {
         /* Only the rows that need logits take the last residual add, norm and LM head. */

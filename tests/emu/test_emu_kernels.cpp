@@ -404,23 +404,51 @@ static void test_gemm(int32_t N, int32_t K, int32_t n_max, bool with_bias)
     }
 }
 
-/* The down projection with SiLU applied on load equals silu_mul then the GEMM, bit for bit,
- * in every kernel (skinny, tiled, parallel slices). */
-static void test_gemm_silu(int32_t N, int32_t K)
+/* The gate/up projection with SiLU in its epilogue equals the GEMM into F32 and then silu_mul,
+ * bit for bit, in every kernel (skinny, tiled, parallel slices); columns past F of a wider
+ * output are not written. */
+static void test_gemm_gate_up_silu(int32_t F, int32_t K)
 {
-    printf("gemm_silu N=%d K=%d\n", N, K);
+    printf("gemm_gate_up_silu F=%d K=%d slices=%d\n", F, K, cllm_cuda_gemm_slices(2 * F, K));
     const int32_t sizes[] = {1, 9, 32, 70};
-    std::vector<float> wf = randv((int64_t)N * K, 1.0f), gu = randv((int64_t)70 * 2 * K, 6.0f);
-    std::vector<__nv_bfloat16> w(wf.size()), act((size_t)70 * K);
+    const int32_t N = 2 * F, ldo = F + 5;
+    std::vector<float> wf = randv((int64_t)N * K, 1.0f), xf = randv((int64_t)70 * K, 1.0f);
+    std::vector<__nv_bfloat16> w(wf.size()), x(xf.size());
     for (size_t i = 0; i < w.size(); i++) w[i].__x = cllm_f32_to_bf16(wf[i]);
+    for (size_t i = 0; i < x.size(); i++)
+        x[i].__x = cllm_f32_to_bf16(xf[i]);
     for (int32_t n : sizes) {
-        std::vector<float> y_ref((size_t)n * N, -7.0f), y((size_t)n * N, -7.0f);
-        std::vector<float> scratch(cllm_cuda_gemm_scratch_bytes(N, K, n) / 4 + 1);
-        CHECK(cllm_cuda_silu_mul(gu.data(), n, K, act.data(), 0) == cudaSuccess);
-        CHECK(cllm_cuda_gemm(w.data(), NULL, N, K, act.data(), n, y_ref.data(), N, scratch.data(), scratch.size() * 4, 0) == cudaSuccess);
-        CHECK(cllm_cuda_gemm_silu(w.data(), N, K, gu.data(), n, y.data(), N, scratch.data(), scratch.size() * 4, 0) == cudaSuccess);
-        CHECKF(memcmp(y.data(), y_ref.data(), y.size() * 4) == 0, "gemm_silu N=%d K=%d n=%d differs from silu_mul + gemm", N, K, n);
+        for (int parallel = 0; parallel < 2; parallel++) {
+            std::vector<float> gu((size_t)n * N, -7.0f);
+            std::vector<__nv_bfloat16> ref((size_t)n * F), out((size_t)n * ldo);
+            memset(out.data(), 0xff, out.size() * 2);
+            const size_t bytes = parallel ? cllm_cuda_gemm_scratch_bytes(N, K, n) : 0;
+            if (parallel && !bytes)
+                continue; /* this step has no parallel slices */
+            std::vector<float> scratch(bytes / 4 + 1, NAN);
+            CHECK(cllm_cuda_gemm(w.data(), NULL, N, K, x.data(), n, gu.data(), N, NULL, 0, 0) ==
+                  cudaSuccess);
+            CHECK(cllm_cuda_silu_mul(gu.data(), n, F, ref.data(), 0) == cudaSuccess);
+            CHECK(cllm_cuda_gemm_gate_up_silu(w.data(), F, K, x.data(), n, out.data(), ldo,
+                                              parallel ? scratch.data() : NULL, bytes,
+                                              0) == cudaSuccess);
+            int32_t differ = 0, written = 0;
+            for (int32_t t = 0; t < n; t++) {
+                differ += memcmp(&out[(size_t)t * ldo], &ref[(size_t)t * F], (size_t)F * 2) != 0;
+                for (int32_t c = F; c < ldo; c++)
+                    written += out[(size_t)t * ldo + c].__x != 0xffff;
+            }
+            CHECKF(differ == 0,
+                   "gemm_gate_up_silu F=%d K=%d n=%d (parallel %d): %d rows differ from gemm + "
+                   "silu_mul",
+                   F, K, n, parallel, differ);
+            CHECKF(written == 0, "gemm_gate_up_silu F=%d K=%d n=%d: %d elements written past F", F,
+                   K, n, written);
+        }
     }
+    std::vector<__nv_bfloat16> out((size_t)F);
+    CHECK(cllm_cuda_gemm_gate_up_silu(w.data(), F, K, x.data(), 1, out.data(), F - 1, NULL, 0, 0) ==
+          cudaErrorInvalidValue); /* ldo < F */
 }
 
 /* The QKV projection with bias, RoPE and the KV store in its epilogue equals the GEMM and then
@@ -505,8 +533,9 @@ int main(int argc, char **argv)
             test_gemm(40, 72, 70, true);     /* K not a multiple of 32, N not of 16, one slice */
             test_gemm(300, 1024, 70, false); /* several slices, two token tiles (one of 128) */
             test_gemm(136, 520, 33, true);   /* skinny's largest tile and the tiled kernel at 33 */
-            test_gemm_silu(100, 264);
-            test_gemm_silu(200, 1024); /* several slices */
+            test_gemm_gate_up_silu(50, 72);  /* F not a multiple of 8, one slice */
+            test_gemm_gate_up_silu(100, 1024); /* several slices */
+            test_gemm_gate_up_silu(300, 264);  /* several row tiles in every shape */
         }
         CHECK(cllm_cuda_gemm_use_tiling("64x64") == cudaErrorInvalidValue);
         CHECK(cllm_cuda_gemm_use_tiling(NULL) == cudaErrorInvalidValue);

@@ -291,31 +291,40 @@ static void test_matmul_invariance(int32_t K, int32_t N)
     free_weight(&w), free_weight(&b);
 }
 
-/* The down projection with SiLU on load (matmul_silu) equals silu_mul + matmul bit for bit;
- * without our GEMM it is refused. */
-static void test_matmul_silu(int32_t K, int32_t N)
+/* The gate/up projection with SiLU in its epilogue (matmul_gate_up_silu) equals matmul into
+ * F32 + silu_mul bit for bit (skinny and tiled kernels, parallel slices); without our GEMM it
+ * is refused, and a weight that is not [2 dim][K] is a bad argument. */
+static void test_matmul_gate_up_silu(int32_t K, int32_t F)
 {
     struct wpair w;
-    make_weight(&w, K, N, 0.05f);
-    const int32_t sizes[] = {1, 7, 64, 300};
+    make_weight(&w, K, 2 * F, 0.05f);
+    const int32_t sizes[] = {1, 7, 33, 64, 300};
     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
         int32_t n = sizes[si];
-        float *gu = randv((int64_t)n * 2 * K, 4.0f);
-        void *gu_d = dev_upload(gu, (size_t)n * 2 * K * 4),
-             *act_d = dev_poisoned((size_t)n * K * 2);
-        void *y_d = dev_poisoned((size_t)n * N * 4), *y2_d = dev_poisoned((size_t)n * N * 4);
-        CHECK(G->silu_mul(gpu, gu_d, n, K, act_d) == CLLM_OK);
-        CHECK(G->matmul(gpu, &w.g, NULL, act_d, n, y_d, N) == CLLM_OK);
-        enum cllm_status st =
-            G->matmul_silu ? G->matmul_silu(gpu, &w.g, gu_d, n, K, y2_d, N) : CLLM_ERR_UNSUPPORTED;
-        CHECKF(st == (our_gemm ? CLLM_OK : CLLM_ERR_UNSUPPORTED), "matmul_silu, %d rows: %s",
-               (int)n, cllm_status_str(st));
-        float *y = download_f32(y_d, (int64_t)n * N), *y2 = download_f32(y2_d, (int64_t)n * N);
-        CHECKF(st != CLLM_OK || memcmp(y, y2, (size_t)n * N * 4) == 0,
-               "matmul_silu %dx%d, %d rows: not the bits of silu_mul + matmul", (int)N, (int)K,
-               (int)n);
-        G->dealloc(gpu, gu_d), G->dealloc(gpu, act_d), G->dealloc(gpu, y_d), G->dealloc(gpu, y2_d);
-        free(gu), free(y), free(y2);
+        float *x = randv((int64_t)n * K, 1.0f);
+        uint16_t *xb = malloc((size_t)n * K * 2);
+        for (int64_t i = 0; i < (int64_t)n * K; i++)
+            xb[i] = cllm_f32_to_bf16(x[i]);
+        void *x_d = dev_upload(xb, (size_t)n * K * 2), *gu_d = dev_poisoned((size_t)n * 2 * F * 4);
+        void *ref_d = dev_poisoned((size_t)n * F * 2), *out_d = dev_poisoned((size_t)n * F * 2);
+        CHECK(G->matmul(gpu, &w.g, NULL, x_d, n, gu_d, 2 * F) == CLLM_OK);
+        CHECK(G->silu_mul(gpu, gu_d, n, F, ref_d) == CLLM_OK);
+        enum cllm_status st = G->matmul_gate_up_silu
+                                  ? G->matmul_gate_up_silu(gpu, &w.g, x_d, n, F, out_d)
+                                  : CLLM_ERR_UNSUPPORTED;
+        CHECKF(st == (our_gemm ? CLLM_OK : CLLM_ERR_UNSUPPORTED),
+               "matmul_gate_up_silu, %d rows: %s", (int)n, cllm_status_str(st));
+        uint16_t *ref = malloc((size_t)n * F * 2), *out = malloc((size_t)n * F * 2);
+        CHECK(G->download(gpu, ref, ref_d, (size_t)n * F * 2) == CLLM_OK);
+        CHECK(G->download(gpu, out, out_d, (size_t)n * F * 2) == CLLM_OK);
+        CHECK(G->sync(gpu) == CLLM_OK);
+        CHECKF(st != CLLM_OK || memcmp(ref, out, (size_t)n * F * 2) == 0,
+               "matmul_gate_up_silu 2x%dx%d, %d rows: not the bits of matmul + silu_mul", (int)F,
+               (int)K, (int)n);
+        if (G->matmul_gate_up_silu && si == 0) /* dim must be half the weight's rows */
+            CHECK(G->matmul_gate_up_silu(gpu, &w.g, x_d, n, F + 1, out_d) == CLLM_ERR_INVALID_ARG);
+        G->dealloc(gpu, x_d), G->dealloc(gpu, gu_d), G->dealloc(gpu, ref_d), G->dealloc(gpu, out_d);
+        free(x), free(xb), free(ref), free(out);
     }
     free_weight(&w);
 }
@@ -843,7 +852,7 @@ int main(void)
         test_matmul(shapes[i][0], shapes[i][1], shapes[i][2]);
     if (our_gemm)
         test_matmul_invariance(264, 48);
-    test_matmul_silu(264, 48);
+    test_matmul_gate_up_silu(264, 52);
     test_matmul_rope_store(4, 2, 64, 264);
     int32_t lens_a[] = {1, 17, 40};
     int32_t lens_b[] = {300, 2, 40};
@@ -861,7 +870,7 @@ int main(void)
         test_matmul_invariance(8960, 1536); /* down projection */
         test_matmul_invariance(1536, 8960); /* one slice */
     }
-    test_matmul_silu(8960, 1536);
+    test_matmul_gate_up_silu(1536, 8960);
     test_matmul_rope_store(12, 2, 128, 1536); /* Qwen2.5-1.5B */
     test_matmul_rope_store(14, 2, 64, 896);   /* Qwen2.5-0.5B */
     int32_t lens_a[] = {1, 17, 300};

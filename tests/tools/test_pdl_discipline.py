@@ -37,7 +37,7 @@ def starts_with_wait(kernel, body):
         calls = set(re.findall(r"\b(\w+)\s*(?:<[^;()]*>)?\s*\(", stmt))
         # declarations may call the pure helpers that compute rows and slices, and name the
         # shared-memory ring through a cast
-        if calls - {loader, "slice_start", "block_rows", "for", "if", "sizeof",
+        if calls - {loader, "slice_start", "block_rows", "tile_w_row", "for", "if", "sizeof",
                     "reinterpret_cast"}:
             return False
         if "=" in stmt.replace("==", "").replace("<=", "").replace(">=", "") and \

@@ -442,22 +442,24 @@ static enum cllm_status cu_matmul(struct cllm_backend *be, const struct cllm_wei
     return blas_matmul(c, w->data, K, N, x, n, b, y, ldy);
 }
 
-static enum cllm_status cu_matmul_silu(struct cllm_backend *be, const struct cllm_weight *w,
-                                       const float *gate_up, int32_t n, int32_t dim, float *y,
-                                       int32_t ldy)
+static enum cllm_status cu_matmul_gate_up_silu(struct cllm_backend *be, const struct cllm_weight *w,
+                                               const void *x, int32_t n, int32_t dim, void *out)
 {
     struct cuda *c = cuda_of(be);
-    if (w->dtype != CLLM_DTYPE_BF16 || w->ne[0] != dim || w->ne[1] > INT32_MAX || ldy < w->ne[1])
+    if (w->dtype != CLLM_DTYPE_BF16 || dim <= 0 || w->ne[1] != 2 * (int64_t)dim ||
+        w->ne[0] > INT32_MAX)
         return CLLM_ERR_INVALID_ARG;
-    if (c->cublas_only || !cllm_cuda_gemm_supported(w->data, gate_up, dim))
+    int K = (int)w->ne[0];
+    if (c->cublas_only || !cllm_cuda_gemm_supported(w->data, x, K))
         return CLLM_ERR_UNSUPPORTED;
     if (n <= 0)
         return CLLM_OK;
-    int N = (int)w->ne[1];
-    TRY(grow_gemm_scratch(c, cllm_cuda_gemm_scratch_bytes(N, dim, n)));
-    return check_cuda(cllm_cuda_gemm_silu((const __nv_bfloat16 *)w->data, N, dim, gate_up, n, y,
-                                          ldy, c->gemm_scratch, c->gemm_scratch_size, c->stream),
-                      "gemm (SiLU)");
+    TRY(grow_gemm_scratch(c, cllm_cuda_gemm_scratch_bytes(2 * dim, K, n)));
+    return check_cuda(cllm_cuda_gemm_gate_up_silu((const __nv_bfloat16 *)w->data, dim, K,
+                                                  (const __nv_bfloat16 *)x, n, (__nv_bfloat16 *)out,
+                                                  dim, c->gemm_scratch, c->gemm_scratch_size,
+                                                  c->stream),
+                      "gemm (gate/up + SiLU)");
 }
 
 static struct cllm_cuda_batch batch_of(const struct cllm_attn_batch *b)
@@ -898,7 +900,7 @@ static const struct cllm_backend_iface cuda_iface = {
     /* .attention = */ cu_attention,
     /* .attention_scratch = */ cu_attention_scratch,
     /* .silu_mul = */ cu_silu_mul,
-    /* .matmul_silu = */ cu_matmul_silu,
+    /* .matmul_gate_up_silu = */ cu_matmul_gate_up_silu,
     /* .matmul_rope_store = */ cu_matmul_rope_store,
     /* .gather_rows = */ cu_gather_rows,
     /* .sample = */ cu_sample,

@@ -103,37 +103,6 @@ static __device__ __forceinline__ uint4 load_vec(const __nv_bfloat16 *row, int32
     return __ldg((const uint4 *)(row + k));
 }
 
-/* 8 inputs of token row `row` at k: BF16 as they are, or (SILU) bf16(silu(gate) * up) from
- * the F32 [gate | up] row of K + K floats, computed exactly as the silu_mul kernel does. */
-template <bool SILU>
-static __device__ __forceinline__ uint4 load_x(const void *row, int32_t k, int32_t K)
-{
-    if (!SILU)
-        return load_vec((const __nv_bfloat16 *)row, k, K);
-    if (!row || k >= K)
-        return make_uint4(0, 0, 0, 0);
-    const float4 *gate = (const float4 *)((const float *)row + k);
-    const float4 *up = (const float4 *)((const float *)row + K + k);
-    float4 g0 = __ldg(gate), g1 = __ldg(gate + 1), u0 = __ldg(up), u1 = __ldg(up + 1);
-    const float gv[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
-    const float uv[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
-    unsigned packed[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-        packed[i] = cllm_cuda_pack_bf16x2(cllm_cuda_silu_mul_one(gv[2 * i], uv[2 * i]),
-                                          cllm_cuda_silu_mul_one(gv[2 * i + 1], uv[2 * i + 1]));
-    return make_uint4(packed[0], packed[1], packed[2], packed[3]);
-}
-
-/* Where token t's row of x starts: [n][K] BF16, or (SILU) [n][2K] F32. */
-template <bool SILU>
-static __device__ __forceinline__ const void *x_row(const void *x, int32_t t, int32_t K)
-{
-    if (SILU)
-        return (const float *)x + (int64_t)t * 2 * K;
-    return (const __nv_bfloat16 *)x + (int64_t)t * K;
-}
-
 /* acc += one chunk of a 16 x 8 tile: w_lo / w_hi are the lane's vectors of rows g and g + 8,
  * xv its token's (see the top of the file). */
 static __device__ __forceinline__ void mma_chunk(float acc[4], uint4 w_lo, uint4 w_hi, uint4 xv)
@@ -191,6 +160,23 @@ static __device__ __forceinline__ void block_rows(const cllm_cuda_rope_store &r,
     }
 }
 
+/* ... or (cllm_cuda_gemm_gate_up_silu: the stacked [gate | up] weight) bf16(silu(g) * u),
+ * written as BF16 [n][F]: a block takes gate rows f..f+7 as MMA rows g and their up rows
+ * F + f.. as rows g + 8, so each lane holds both factors of its outputs. */
+struct silu_epilogue {
+    int32_t F;          /* outputs per token; the weight has 2F rows */
+    __nv_bfloat16 *out; /* [n][ldo] */
+    int32_t ldo;
+};
+
+static __device__ __forceinline__ void block_rows(const silu_epilogue &ep, int32_t bx, int g,
+                                                  int32_t *lo, int32_t *hi)
+{
+    const int32_t f = bx * 8 + g;
+    *lo = f < ep.F ? f : 2 * ep.F; /* 2F: past the weight's rows, so zeros */
+    *hi = f < ep.F ? ep.F + f : 2 * ep.F;
+}
+
 /* Element e of lane l of token tile j, summed over the slices in order. */
 template <int NT>
 static __device__ __forceinline__ float slice_sum(const float (*part)[NT][4][32], int32_t S, int j,
@@ -214,6 +200,22 @@ static __device__ void finish(const plain_epilogue &ep, const float (*part)[NT][
         const float v = slice_sum<NT>(part, S, j, e, l);
         if (row < N && tok < n)
             y[(int64_t)tok * ldy + row] = ep.bias ? v + ep.bias[row] : v;
+    }
+}
+
+/* Exactly the silu_mul kernel's arithmetic on the gate and up sums it would read back. */
+template <int NT>
+static __device__ void finish(const silu_epilogue &ep, const float (*part)[NT][4][32], int32_t S,
+                              int32_t N, int32_t n, float *y, int32_t ldy)
+{
+    (void)N, (void)y, (void)ldy;
+    for (int i = threadIdx.x; i < NT * 2 * 32; i += blockDim.x) {
+        const int j = i / 64, e = i / 32 % 2, l = i % 32; /* elements e and e + 2: gate, up */
+        const int32_t tok = j * 8 + acc_tok(l, e), f = (int32_t)blockIdx.x * 8 + l / 4;
+        if (tok >= n || f >= ep.F)
+            continue;
+        ep.out[(int64_t)tok * ep.ldo + f] = cllm_cuda_silu_mul_one(
+            slice_sum<NT>(part, S, j, e, l), slice_sum<NT>(part, S, j, e + 2, l));
     }
 }
 
@@ -285,14 +287,12 @@ load_w_chunks(uint4 (&vl)[UNROLL], uint4 (&vh)[UNROLL], const __nv_bfloat16 *w_l
  * With programmatic dependent launch that hides the small kernels between the GEMMs behind
  * the weight stream; for many decode shapes (a slice of <= UNROLL chunks) it is all of the
  * block's weights. Nothing else is touched before the wait (tests/tools/test_pdl_discipline.py). */
-template <int NT, bool SILU, bool AHEAD, class EP>
+template <int NT, bool AHEAD, class EP>
 static __global__ void __launch_bounds__(MAX_SLICES * 32)
-    gemm_skinny(const __nv_bfloat16 *w, EP ep, int32_t N, int32_t K, const void *x, int32_t n,
-                float *y, int32_t ldy, int32_t S)
+    gemm_skinny(const __nv_bfloat16 *w, EP ep, int32_t N, int32_t K, const __nv_bfloat16 *x,
+                int32_t n, float *y, int32_t ldy, int32_t S)
 {
-    /* chunks whose loads are issued together (AHEAD: two groups in registers; a SiLU step of
-     * 9-16 tokens spills with four) */
-    constexpr int UNROLL = NT == 1 ? 4 : NT == 2 && !(SILU && AHEAD) ? 4 : 2;
+    constexpr int UNROLL = NT <= 2 ? 4 : 2; /* chunks whose loads are issued together */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
     const int32_t chunks = (K + CHUNK - 1) / CHUNK;
     const int32_t c0 = slice_start(warp, chunks, S), c1 = slice_start(warp + 1, chunks, S);
@@ -304,11 +304,11 @@ static __global__ void __launch_bounds__(MAX_SLICES * 32)
     load_w_chunks<UNROLL>(vl, vh, w_lo, w_hi, c0, c1, q, K);
     cllm_pdl_wait();                              /* x, y and the epilogue's buffers from here on */
     __shared__ float part[MAX_SLICES][NT][4][32]; /* [slice][token tile][element][lane] */
-    const void *xr[NT];
+    const __nv_bfloat16 *xr[NT];
     float acc[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; j++) {
-        xr[j] = j * 8 + g < n ? x_row<SILU>(x, j * 8 + g, K) : NULL;
+        xr[j] = j * 8 + g < n ? x + (int64_t)(j * 8 + g) * K : NULL;
         acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
     }
     for (int32_t c = c0; c < c1; c += UNROLL) {
@@ -329,7 +329,7 @@ static __global__ void __launch_bounds__(MAX_SLICES * 32)
             const int32_t k = (c + u) * CHUNK + q * 8;
 #pragma unroll
             for (int j = 0; j < NT; j++)
-                vx[u][j] = load_x<SILU>(c + u < c1 ? xr[j] : NULL, k, K);
+                vx[u][j] = load_vec(c + u < c1 ? xr[j] : NULL, k, K);
         }
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
@@ -355,33 +355,27 @@ static __global__ void __launch_bounds__(MAX_SLICES * 32)
 
 /* Where tile row r's vector v of chunk c of the tiled kernel comes from (W rows first, then
  * tokens): row or token src of W or x (-1: past the edge), NULL past K or the edge (zeros). */
-template <class T, bool SILU>
-static __device__ __forceinline__ const void *tile_src(const __nv_bfloat16 *w, const void *x,
-                                                       int32_t src, int r, int32_t k, int32_t K)
+template <class T>
+static __device__ __forceinline__ const __nv_bfloat16 *
+tile_src(const __nv_bfloat16 *w, const __nv_bfloat16 *x, int32_t src, int r, int32_t k, int32_t K)
 {
     if (src < 0 || k >= K)
         return NULL;
-    if (r < T::M)
-        return w + (int64_t)src * K + k;
-    return SILU ? (const void *)((const float *)x + (int64_t)src * 2 * K + k)
-                : (const void *)((const __nv_bfloat16 *)x + (int64_t)src * K + k);
+    return (r < T::M ? w : x) + (int64_t)src * K + k;
 }
 
 /* The loads of chunk c into stage slot `slot`, loads [i0, i1) of this thread (W loads first:
- * i < TILED_LOADS_W). Straight from global to shared memory (cp.async) where the bytes are
- * used as they are; zeros (past K or the edge) stored directly. SILU tokens are computed, so
- * they are not copied here: see load_silu_x / store_silu_x. */
-template <class T, bool SILU, int i0, int i1>
-static __device__ __forceinline__ void copy_chunk(uint4 (*slot)[VECS], const __nv_bfloat16 *w,
-                                                  const void *x, const int32_t (&src)[T::LOADS],
-                                                  int32_t c, int32_t K)
+ * i < T::LOADS_W): straight from global to shared memory (cp.async); zeros (past K or the
+ * edge) stored directly. */
+template <class T, int i0, int i1>
+static __device__ __forceinline__ void
+copy_chunk(uint4 (*slot)[VECS], const __nv_bfloat16 *w, const __nv_bfloat16 *x,
+           const int32_t (&src)[T::LOADS], int32_t c, int32_t K)
 {
 #pragma unroll
     for (int i = i0; i < i1; i++) {
         const int idx = (int)threadIdx.x + i * T::THREADS, r = idx / VECS, v = idx % VECS;
-        if (SILU && r >= T::M)
-            continue;
-        const void *from = tile_src<T, SILU>(w, x, src[i], r, c * CHUNK + v * 8, K);
+        const __nv_bfloat16 *from = tile_src<T>(w, x, src[i], r, c * CHUNK + v * 8, K);
         if (from)
             cllm_cp_async16(&slot[r][v], from);
         else
@@ -391,58 +385,42 @@ static __device__ __forceinline__ void copy_chunk(uint4 (*slot)[VECS], const __n
 
 /* The W part of chunk c (loads i < T::LOADS_W): the one thing the tiled kernel touches
  * before cllm_pdl_wait() (weights are never written by a kernel). */
-template <class T, bool SILU>
+template <class T>
 static __device__ __forceinline__ void load_w_tile(uint4 (*slot)[VECS], const __nv_bfloat16 *w,
                                                    const int32_t (&src)[T::LOADS], int32_t c,
                                                    int32_t K)
 {
-    copy_chunk<T, SILU, 0, T::LOADS_W>(slot, w, NULL, src, c, K);
+    copy_chunk<T, 0, T::LOADS_W>(slot, w, NULL, src, c, K);
 }
 
-/* SILU: this thread's token vectors of chunk c, computed from gate and up into registers
- * (staged), and then stored into their slot. */
-template <class T, bool SILU>
-static __device__ __forceinline__ void load_silu_x(uint4 (&staged)[T::LOADS], const void *x,
-                                                   const int32_t (&src)[T::LOADS], int32_t c,
-                                                   int32_t K)
+/* The W row behind row r of a tile whose rows start at row0 (N rows in all). PAIRED (the
+ * stacked [gate | up] weight, N = 2F): each 16 tile rows are 8 gate rows and then the same 8
+ * features' up rows, so that an MMA tile's rows g and g + 8 are one feature's two factors. */
+template <class T, bool PAIRED>
+static __device__ __forceinline__ int32_t tile_w_row(int32_t row0, int r, int32_t N)
 {
-    if constexpr (SILU) {
-#pragma unroll
-        for (int i = T::LOADS_W; i < T::LOADS; i++) {
-            const int idx = (int)threadIdx.x + i * T::THREADS;
-            staged[i] = load_x<true>(src[i] < 0 ? NULL : x_row<true>(x, src[i], K),
-                                     c * CHUNK + idx % VECS * 8, K);
-        }
-    }
-}
-template <class T, bool SILU>
-static __device__ __forceinline__ void store_silu_x(uint4 (*slot)[VECS],
-                                                    const uint4 (&staged)[T::LOADS])
-{
-    if constexpr (SILU) {
-#pragma unroll
-        for (int i = T::LOADS_W; i < T::LOADS; i++) {
-            const int idx = (int)threadIdx.x + i * T::THREADS;
-            slot[idx / VECS][idx % VECS] = staged[i];
-        }
-    }
+    if (!PAIRED)
+        return row0 + r < N ? row0 + r : -1;
+    const int32_t F = N / 2, f = row0 / 2 + r / 16 * 8 + r % 8;
+    return f >= F ? -1 : r % 16 < 8 ? f : F + f;
 }
 
 /* Prefill steps: block = T::M rows x T::N tokens staged through shared memory in a ring of
  * T::STAGES chunks: chunk c + STAGES - 1 is in flight (cp.async) while chunk c is multiplied, so
- * memory latency hides behind STAGES - 1 chunks of MMAs rather than one. (The SiLU variant's
- * tokens are computed on load and go through registers, one chunk ahead.) Each element keeps
+ * memory latency hides behind STAGES - 1 chunks of MMAs rather than one. Each element keeps
  * the running slice (acc) apart from the finished ones (total), so the sums happen in exactly
  * the skinny kernel's order; how the bytes arrive does not change them. With `partials`,
- * block z computes slice z alone and stores it there ([S][n][N]) for gemm_reduce: the same
- * sums, spread over more blocks when the tiles alone would leave SMs idle (N = 1536 at 192
- * tokens is 36 tiles of 128 x 64). As in the skinny kernel, the first chunk's W vectors are
- * requested before cllm_pdl_wait(). The ring is dynamic shared memory (T::SMEM, up to 80 KiB:
- * cllm_cuda_gemm_use_tiling raises the limit). */
-template <class T, bool SILU>
+ * block z computes slice z alone and stores it there ([S][n][N], by W row) for gemm_reduce:
+ * the same sums, spread over more blocks when the tiles alone would leave SMs idle (N = 1536
+ * at 192 tokens is 36 tiles of 128 x 64). As in the skinny kernel, the first chunk's W
+ * vectors are requested before cllm_pdl_wait(). The ring is dynamic shared memory (T::SMEM,
+ * up to 80 KiB: cllm_cuda_gemm_use_tiling raises the limit). Output: y[tok][row] (+ bias)
+ * F32, or (PAIRED) bf16(silu(gate) * up) into out [n][ldo] BF16 as the silu_mul kernel
+ * computes it. */
+template <class T, bool PAIRED>
 static __global__ void __launch_bounds__(T::THREADS, T::MIN_BLOCKS)
-    gemm_tiled(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K, const void *x,
-               int32_t n, float *y, int32_t ldy, int32_t S, float *partials)
+    gemm_tiled(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K,
+               const __nv_bfloat16 *x, int32_t n, void *y, int32_t ldy, int32_t S, float *partials)
 {
     constexpr int STAGES = T::STAGES, MT = T::MT, NT = T::NT;
     /* [STAGES][T::M + T::N][VECS]: rows 0..T::M-1 the W rows of the tile, then its tokens */
@@ -462,11 +440,10 @@ static __global__ void __launch_bounds__(T::THREADS, T::MIN_BLOCKS)
     for (int i = 0; i < T::LOADS; i++) {
         const int r = (tid + i * T::THREADS) / VECS;
         if (r < T::M)
-            src[i] = row0 + r < N ? row0 + r : -1;
+            src[i] = tile_w_row<T, PAIRED>(row0, r, N);
         else
             src[i] = tok0 + r - T::M < n ? tok0 + r - T::M : -1;
     }
-    uint4 staged[T::LOADS]; /* SILU: the next chunk's tokens */
     float acc[MT][NT][4], total[MT][NT][4];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
@@ -483,18 +460,16 @@ static __global__ void __launch_bounds__(T::THREADS, T::MIN_BLOCKS)
 
     /* The ring's first STAGES - 1 chunks, one commit group each (empty past c_end, so that
      * "group c done" is always "at most STAGES - 2 groups pending"). */
-    load_w_tile<T, SILU>(tile[0], w, src, c_begin, K);
+    load_w_tile<T>(tile[0], w, src, c_begin, K);
     cllm_pdl_wait(); /* x, y and partials from here on */
-    copy_chunk<T, SILU, T::LOADS_W, T::LOADS>(tile[0], w, x, src, c_begin, K);
+    copy_chunk<T, T::LOADS_W, T::LOADS>(tile[0], w, x, src, c_begin, K);
     cllm_cp_async_commit();
 #pragma unroll
     for (int st = 1; st < STAGES - 1; st++) {
         if (c_begin + st < c_end)
-            copy_chunk<T, SILU, 0, T::LOADS>(tile[st], w, x, src, c_begin + st, K);
+            copy_chunk<T, 0, T::LOADS>(tile[st], w, x, src, c_begin + st, K);
         cllm_cp_async_commit();
     }
-    load_silu_x<T, SILU>(staged, x, src, c_begin, K);
-    store_silu_x<T, SILU>(tile[0], staged);
 
     for (int32_t c = c_begin; c < c_end; c++) {
         const int b = (int)((c - c_begin) % STAGES);
@@ -503,11 +478,8 @@ static __global__ void __launch_bounds__(T::THREADS, T::MIN_BLOCKS)
         /* Chunk c + STAGES - 1 into the slot chunk c - 1 used. */
         const int32_t ahead = c + STAGES - 1;
         if (ahead < c_end)
-            copy_chunk<T, SILU, 0, T::LOADS>(tile[(b + STAGES - 1) % STAGES], w, x, src, ahead, K);
+            copy_chunk<T, 0, T::LOADS>(tile[(b + STAGES - 1) % STAGES], w, x, src, ahead, K);
         cllm_cp_async_commit();
-        const bool more = c + 1 < c_end;
-        if (more)
-            load_silu_x<T, SILU>(staged, x, src, c + 1, K);
 
         uint4 vx[NT];
 #pragma unroll
@@ -534,25 +506,25 @@ static __global__ void __launch_bounds__(T::THREADS, T::MIN_BLOCKS)
             s++;
             slice_end = slice_start(s + 1, chunks, S);
         }
-        /* SILU: chunk c + 1's tokens into its slot (not chunk c's, which is being read; no
-         * copy writes token rows then). The barrier at the top of the next step publishes
-         * them. */
-        if (more)
-            store_silu_x<T, SILU>(tile[(b + 1) % STAGES], staged);
     }
     cllm_cp_async_wait<0>(); /* no copy may outlive the block (the empty groups aside) */
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
         for (int nt = 0; nt < NT; nt++)
             for (int e = 0; e < 4; e++) {
-                const int32_t row = row0 + wm * T::WARP_M + mt * 16 + acc_row(lane, e);
+                const int r = wm * T::WARP_M + mt * 16 + acc_row(lane, e);
+                const int32_t row = tile_w_row<T, PAIRED>(row0, r, N);
                 const int32_t tok = tok0 + wn * T::WARP_N + nt * 8 + acc_tok(lane, e);
-                if (row >= N || tok >= n)
+                if (row < 0 || tok >= n)
                     continue;
                 if (partials)
                     partials[((int64_t)blockIdx.z * n + tok) * N + row] = total[mt][nt][e];
-                else
-                    y[(int64_t)tok * ldy + row] =
+                else if (PAIRED) {
+                    if (e < 2) /* row: feature row's gate; element e + 2 its up */
+                        ((__nv_bfloat16 *)y)[(int64_t)tok * ldy + row] =
+                            cllm_cuda_silu_mul_one(total[mt][nt][e], total[mt][nt][e + 2]);
+                } else
+                    ((float *)y)[(int64_t)tok * ldy + row] =
                         bias ? total[mt][nt][e] + bias[row] : total[mt][nt][e];
             }
 }
@@ -570,6 +542,27 @@ static __global__ void gemm_reduce(const float *partials, const float *bias, int
         for (int32_t sl = 1; sl < S; sl++)
             v += partials[(int64_t)sl * total + i];
         y[(int64_t)tok * ldy + row] = bias ? v + bias[row] : v;
+    }
+}
+
+/* The same sums of a stacked [gate | up] weight (N = 2F rows), finished as the silu_mul kernel
+ * does: out[tok][f] = bf16(silu(gate) * up) of rows f and F + f. */
+static __global__ void gemm_reduce_silu(const float *partials, int32_t N, int32_t n, int32_t S,
+                                        __nv_bfloat16 *out, int32_t ldo)
+{
+    cllm_pdl_wait();
+    const int32_t F = N / 2;
+    const int64_t total = (int64_t)n * N, outputs = (int64_t)n * F;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < outputs;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int32_t tok = (int32_t)(i / F), f = (int32_t)(i % F);
+        const int64_t at = (int64_t)tok * N + f;
+        float gate = partials[at], up = partials[at + F];
+        for (int32_t sl = 1; sl < S; sl++) {
+            gate += partials[(int64_t)sl * total + at];
+            up += partials[(int64_t)sl * total + at + F];
+        }
+        out[(int64_t)tok * ldo + f] = cllm_cuda_silu_mul_one(gate, up);
     }
 }
 
@@ -595,44 +588,45 @@ size_t cllm_cuda_gemm_scratch_bytes(int32_t N, int32_t K, int32_t n)
 #define AHEAD_MIN_SLICES 4
 
 /* The skinny kernel with as many token tiles as n needs (n <= CLLM_CUDA_GEMM_SKINNY_MAX). */
-template <bool SILU, bool AHEAD, class EP>
+template <bool AHEAD, class EP>
 static void launch_skinny_as(const __nv_bfloat16 *w, const EP &ep, int32_t N, int32_t K,
-                             const void *x, int32_t n, float *y, int32_t ldy, int32_t S,
+                             const __nv_bfloat16 *x, int32_t n, float *y, int32_t ldy, int32_t S,
                              cudaStream_t stream)
 {
     const unsigned row_tiles = (unsigned)((N + 15) / 16), threads = (unsigned)S * 32;
     if (n <= 8)
-        cllm_launch(gemm_skinny<1, SILU, AHEAD, EP>, row_tiles, threads, 0, stream, w, ep, N, K, x,
-                    n, y, ldy, S);
+        cllm_launch(gemm_skinny<1, AHEAD, EP>, row_tiles, threads, 0, stream, w, ep, N, K, x, n, y,
+                    ldy, S);
     else if (n <= 16)
-        cllm_launch(gemm_skinny<2, SILU, AHEAD, EP>, row_tiles, threads, 0, stream, w, ep, N, K, x,
-                    n, y, ldy, S);
+        cllm_launch(gemm_skinny<2, AHEAD, EP>, row_tiles, threads, 0, stream, w, ep, N, K, x, n, y,
+                    ldy, S);
     else
-        cllm_launch(gemm_skinny<4, SILU, AHEAD, EP>, row_tiles, threads, 0, stream, w, ep, N, K, x,
-                    n, y, ldy, S);
+        cllm_launch(gemm_skinny<4, AHEAD, EP>, row_tiles, threads, 0, stream, w, ep, N, K, x, n, y,
+                    ldy, S);
 }
 
-template <bool SILU, class EP>
-static void launch_skinny(const __nv_bfloat16 *w, const EP &ep, int32_t N, int32_t K, const void *x,
-                          int32_t n, float *y, int32_t ldy, cudaStream_t stream)
+template <class EP>
+static void launch_skinny(const __nv_bfloat16 *w, const EP &ep, int32_t N, int32_t K,
+                          const __nv_bfloat16 *x, int32_t n, float *y, int32_t ldy,
+                          cudaStream_t stream)
 {
     const int32_t S = cllm_cuda_gemm_slices(N, K);
     if (S >= AHEAD_MIN_SLICES)
-        launch_skinny_as<SILU, true>(w, ep, N, K, x, n, y, ldy, S, stream);
+        launch_skinny_as<true>(w, ep, N, K, x, n, y, ldy, S, stream);
     else
-        launch_skinny_as<SILU, false>(w, ep, N, K, x, n, y, ldy, S, stream);
+        launch_skinny_as<false>(w, ep, N, K, x, n, y, ldy, S, stream);
 }
 
 /* The tiled kernel of shape T over all of n and N (partials: one slice per block, in z). */
-template <class T, bool SILU>
+template <class T, bool PAIRED>
 static void launch_tiled(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K,
-                         const void *x, int32_t n, float *y, int32_t ldy, int32_t S,
+                         const __nv_bfloat16 *x, int32_t n, void *y, int32_t ldy, int32_t S,
                          float *partials, cudaStream_t stream)
 {
     dim3 grid((unsigned)((n + T::N - 1) / T::N), (unsigned)((N + T::M - 1) / T::M),
               partials ? (unsigned)S : 1u);
-    cllm_launch(gemm_tiled<T, SILU>, grid, T::THREADS, T::SMEM, stream, w, bias, N, K, x, n, y, ldy,
-                S, partials);
+    cllm_launch(gemm_tiled<T, PAIRED>, grid, T::THREADS, T::SMEM, stream, w, bias, N, K, x, n, y,
+                ldy, S, partials);
 }
 
 /* Lets both variants of shape T take its ring (past the 48 KiB a block gets unasked). */
@@ -657,36 +651,44 @@ static cudaError_t prepare_tiling(int id)
     return allow_ring<tiling_128x64>();
 }
 
-template <bool SILU>
+/* One GEMM of checked operands: the skinny kernel for decode steps, else the tiled one (its
+ * slices in parallel blocks when the scratch allows, then summed in order). PAIRED: W is the
+ * stacked [gate | up] weight (N = 2F rows) and y the BF16 [n][ldy] output of SiLU, no bias. */
+template <bool PAIRED>
 static cudaError_t launch_gemm(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K,
-                               const void *x, int32_t n, float *y, int32_t ldy, void *scratch,
-                               size_t scratch_bytes, cudaStream_t stream)
+                               const __nv_bfloat16 *x, int32_t n, void *y, int32_t ldy,
+                               void *scratch, size_t scratch_bytes, cudaStream_t stream)
 {
-    if (N < 0 || n < 0 || ldy < N || !cllm_cuda_gemm_supported(w, x, K))
-        return cudaErrorInvalidValue;
-    if (N == 0 || n == 0)
-        return cudaSuccess;
     const int32_t S = cllm_cuda_gemm_slices(N, K);
-    if (n <= CLLM_CUDA_GEMM_SKINNY_MAX)
-        launch_skinny<SILU>(w, plain_epilogue{bias}, N, K, x, n, y, ldy, stream);
-    else {
-        const size_t need = cllm_cuda_gemm_scratch_bytes(N, K, n);
-        const bool parallel = need > 0 && scratch && scratch_bytes >= need;
-        float *partials = parallel ? (float *)scratch : NULL;
-        if (current_tiling == TILING_256X64)
-            launch_tiled<tiling_256x64, SILU>(w, bias, N, K, x, n, y, ldy, S, partials, stream);
-        else if (current_tiling == TILING_128X128)
-            launch_tiled<tiling_128x128, SILU>(w, bias, N, K, x, n, y, ldy, S, partials, stream);
+    if (n <= CLLM_CUDA_GEMM_SKINNY_MAX) {
+        if constexpr (PAIRED)
+            launch_skinny(w, silu_epilogue{N / 2, (__nv_bfloat16 *)y, ldy}, N, K, x, n, NULL, 0,
+                          stream);
         else
-            launch_tiled<tiling_128x64, SILU>(w, bias, N, K, x, n, y, ldy, S, partials, stream);
-        if (parallel) {
-            cudaError_t e = cudaGetLastError();
-            if (e != cudaSuccess)
-                return e;
-            const int64_t blocks = ((int64_t)n * N + 255) / 256;
-            cllm_launch(gemm_reduce, (unsigned)(blocks < 65535 ? blocks : 65535), 256, 0, stream,
-                        partials, bias, N, n, S, y, ldy);
-        }
+            launch_skinny(w, plain_epilogue{bias}, N, K, x, n, (float *)y, ldy, stream);
+        return cudaGetLastError();
+    }
+    const size_t need = cllm_cuda_gemm_scratch_bytes(N, K, n);
+    const bool parallel = need > 0 && scratch && scratch_bytes >= need;
+    float *partials = parallel ? (float *)scratch : NULL;
+    if (current_tiling == TILING_256X64)
+        launch_tiled<tiling_256x64, PAIRED>(w, bias, N, K, x, n, y, ldy, S, partials, stream);
+    else if (current_tiling == TILING_128X128)
+        launch_tiled<tiling_128x128, PAIRED>(w, bias, N, K, x, n, y, ldy, S, partials, stream);
+    else
+        launch_tiled<tiling_128x64, PAIRED>(w, bias, N, K, x, n, y, ldy, S, partials, stream);
+    if (parallel) {
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess)
+            return e;
+        const int64_t blocks = ((int64_t)n * (PAIRED ? N / 2 : N) + 255) / 256;
+        const unsigned grid = (unsigned)(blocks < 65535 ? blocks : 65535);
+        if constexpr (PAIRED)
+            cllm_launch(gemm_reduce_silu, grid, 256, 0, stream, partials, N, n, S,
+                        (__nv_bfloat16 *)y, ldy);
+        else
+            cllm_launch(gemm_reduce, grid, 256, 0, stream, partials, bias, N, n, S, (float *)y,
+                        ldy);
     }
     return cudaGetLastError();
 }
@@ -695,14 +697,23 @@ cudaError_t cllm_cuda_gemm(const __nv_bfloat16 *w, const float *bias, int32_t N,
                            const __nv_bfloat16 *x, int32_t n, float *y, int32_t ldy, void *scratch,
                            size_t scratch_bytes, cudaStream_t stream)
 {
+    if (N < 0 || n < 0 || ldy < N || !cllm_cuda_gemm_supported(w, x, K))
+        return cudaErrorInvalidValue;
+    if (N == 0 || n == 0)
+        return cudaSuccess;
     return launch_gemm<false>(w, bias, N, K, x, n, y, ldy, scratch, scratch_bytes, stream);
 }
 
-cudaError_t cllm_cuda_gemm_silu(const __nv_bfloat16 *w, int32_t N, int32_t K, const float *gate_up,
-                                int32_t n, float *y, int32_t ldy, void *scratch,
-                                size_t scratch_bytes, cudaStream_t stream)
+cudaError_t cllm_cuda_gemm_gate_up_silu(const __nv_bfloat16 *w, int32_t F, int32_t K,
+                                        const __nv_bfloat16 *x, int32_t n, __nv_bfloat16 *out,
+                                        int32_t ldo, void *scratch, size_t scratch_bytes,
+                                        cudaStream_t stream)
 {
-    return launch_gemm<true>(w, NULL, N, K, gate_up, n, y, ldy, scratch, scratch_bytes, stream);
+    if (F < 0 || F > INT32_MAX / 2 || n < 0 || ldo < F || !cllm_cuda_gemm_supported(w, x, K))
+        return cudaErrorInvalidValue;
+    if (F == 0 || n == 0)
+        return cudaSuccess;
+    return launch_gemm<true>(w, NULL, 2 * F, K, x, n, out, ldo, scratch, scratch_bytes, stream);
 }
 
 int cllm_cuda_gemm_rope_supported(const void *w, const void *x, int32_t K, int32_t n,
@@ -720,7 +731,7 @@ cudaError_t cllm_cuda_gemm_rope_store(const __nv_bfloat16 *w, int32_t K, const _
     if (!cllm_cuda_gemm_rope_supported(w, x, K, n, r->head_dim) || r->n_head < 1 || r->n_kv < 1 ||
         ldy < N)
         return cudaErrorInvalidValue;
-    launch_skinny<false>(w, *r, N, K, x, n, y, ldy, stream);
+    launch_skinny(w, *r, N, K, x, n, y, ldy, stream);
     return cudaGetLastError();
 }
 
@@ -768,11 +779,12 @@ cudaError_t cllm_cuda_gemm(const __nv_bfloat16 *w, const float *bias, int32_t N,
     return cudaErrorInvalidValue;
 }
 
-cudaError_t cllm_cuda_gemm_silu(const __nv_bfloat16 *w, int32_t N, int32_t K, const float *gate_up,
-                                int32_t n, float *y, int32_t ldy, void *scratch,
-                                size_t scratch_bytes, cudaStream_t stream)
+cudaError_t cllm_cuda_gemm_gate_up_silu(const __nv_bfloat16 *w, int32_t F, int32_t K,
+                                        const __nv_bfloat16 *x, int32_t n, __nv_bfloat16 *out,
+                                        int32_t ldo, void *scratch, size_t scratch_bytes,
+                                        cudaStream_t stream)
 {
-    (void)w, (void)N, (void)K, (void)gate_up, (void)n, (void)y, (void)ldy, (void)scratch,
+    (void)w, (void)F, (void)K, (void)x, (void)n, (void)out, (void)ldo, (void)scratch,
         (void)scratch_bytes, (void)stream;
     return cudaErrorInvalidValue;
 }

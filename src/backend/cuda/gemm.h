@@ -55,11 +55,14 @@ cudaError_t cllm_cuda_gemm(const __nv_bfloat16 *w, const float *bias, int32_t N,
                            const __nv_bfloat16 *x, int32_t n, float *y, int32_t ldy, void *scratch,
                            size_t scratch_bytes, cudaStream_t stream);
 
-/* cllm_cuda_gemm of x = bf16(silu(gate) * up), gate_up [n][2K] F32 ([gate | up] per row):
- * the silu_mul kernel and the GEMM in one, the same bits (the SiLU is computed on load). */
-cudaError_t cllm_cuda_gemm_silu(const __nv_bfloat16 *w, int32_t N, int32_t K, const float *gate_up,
-                                int32_t n, float *y, int32_t ldy, void *scratch,
-                                size_t scratch_bytes, cudaStream_t stream);
+/* out[t][f] = bf16(silu(g) * u) with g, u rows f and F + f of y = W x[t], W the stacked
+ * [gate | up] weight [2F][K] (no bias): cllm_cuda_gemm's sums for that weight (its slices) and
+ * the silu_mul kernel's arithmetic, the same bits as the two, without the F32 [n][2F] buffer
+ * between them. out rows of stride ldo >= F. scratch as cllm_cuda_gemm's for (2F, K, n). */
+cudaError_t cllm_cuda_gemm_gate_up_silu(const __nv_bfloat16 *w, int32_t F, int32_t K,
+                                        const __nv_bfloat16 *x, int32_t n, __nv_bfloat16 *out,
+                                        int32_t ldo, void *scratch, size_t scratch_bytes,
+                                        cudaStream_t stream);
 
 struct cllm_cuda_rope_store; /* kernels.h */
 

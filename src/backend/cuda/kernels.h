@@ -86,7 +86,7 @@ cudaError_t cllm_cuda_qkv_rope_store(const struct cllm_cuda_batch *b,
                                      __nv_bfloat16 *v_cache, cudaStream_t stream);
 
 /* silu(g) * u rounded to BF16, in cpu/ref.c's order (g / (1 + exp(-g)) * u, no FMA): shared
- * by the silu_mul kernel and the GEMM that applies it on load, so both give the same bits. */
+ * by the silu_mul kernel and the gate/up GEMM's SiLU epilogue, so both give the same bits. */
 static __device__ __forceinline__ __nv_bfloat16 cllm_cuda_silu_mul_one(float g, float u)
 {
     return __float2bfloat16_rn(__fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u));
