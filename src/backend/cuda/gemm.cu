@@ -303,7 +303,12 @@ static __global__ void __launch_bounds__(MAX_SLICES * 32)
     uint4 vl[UNROLL], vh[UNROLL];
     load_w_chunks<UNROLL>(vl, vh, w_lo, w_hi, c0, c1, q, K);
     cllm_pdl_wait();                              /* x, y and the epilogue's buffers from here on */
-    __shared__ float part[MAX_SLICES][NT][4][32]; /* [slice][token tile][element][lane] */
+    /* [slice][token tile][element][lane], S slices: dynamic, so that a block of one or two
+     * warps (the LM head, gate/up) holds 0.5-1 KiB rather than the 8 KiB of 16 slices, which
+     * kept an SM below its 32 resident blocks */
+    extern __shared__ float skinny_part[];
+    using slice_part = float[NT][4][32];
+    slice_part *part = reinterpret_cast<slice_part *>(skinny_part);
     const __nv_bfloat16 *xr[NT];
     float acc[NT][4];
 #pragma unroll
@@ -594,15 +599,16 @@ static void launch_skinny_as(const __nv_bfloat16 *w, const EP &ep, int32_t N, in
                              cudaStream_t stream)
 {
     const unsigned row_tiles = (unsigned)((N + 15) / 16), threads = (unsigned)S * 32;
+    const size_t part = (size_t)S * 4 * 32 * sizeof(float); /* per token tile */
     if (n <= 8)
-        cllm_launch(gemm_skinny<1, AHEAD, EP>, row_tiles, threads, 0, stream, w, ep, N, K, x, n, y,
-                    ldy, S);
+        cllm_launch(gemm_skinny<1, AHEAD, EP>, row_tiles, threads, part, stream, w, ep, N, K, x, n,
+                    y, ldy, S);
     else if (n <= 16)
-        cllm_launch(gemm_skinny<2, AHEAD, EP>, row_tiles, threads, 0, stream, w, ep, N, K, x, n, y,
-                    ldy, S);
+        cllm_launch(gemm_skinny<2, AHEAD, EP>, row_tiles, threads, 2 * part, stream, w, ep, N, K, x,
+                    n, y, ldy, S);
     else
-        cllm_launch(gemm_skinny<4, AHEAD, EP>, row_tiles, threads, 0, stream, w, ep, N, K, x, n, y,
-                    ldy, S);
+        cllm_launch(gemm_skinny<4, AHEAD, EP>, row_tiles, threads, 4 * part, stream, w, ep, N, K, x,
+                    n, y, ldy, S);
 }
 
 template <class EP>
