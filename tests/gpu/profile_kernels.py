@@ -13,7 +13,9 @@ but each kernel's share of it says where to work. Exit 77 (skipped) if ncu is no
 """
 import argparse
 import csv
+import glob
 import io
+import os
 import re
 import shutil
 import subprocess
@@ -95,7 +97,10 @@ def main():
     cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
     if not cmd:
         ap.error("no command to profile")
-    ncu = shutil.which("ncu")
+    # on PATH, or where CUDA and Nsight Compute install it (the device image has it under /opt)
+    found = [shutil.which("ncu"), "/usr/local/cuda/bin/ncu",
+             *sorted(glob.glob("/opt/nvidia/nsight-compute/*/ncu"), reverse=True)]
+    ncu = next((p for p in found if p and os.access(p, os.X_OK)), None)
     if not ncu:
         print("profile_kernels: ncu not found: skipped")
         return 77
