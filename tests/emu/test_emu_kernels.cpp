@@ -543,6 +543,16 @@ int main(int argc, char **argv)
         CHECK(cllm_cuda_gemm_use_tiling("128x64") == cudaSuccess);
         test_gemm_rope_store(12, 2, 128, 264, true); /* Qwen2.5-1.5B's heads */
         test_gemm_rope_store(14, 2, 64, 520, false); /* Qwen2.5-0.5B's, several slices */
+        /* the skinny kernel's W prefetch forced on (slices of 1-2 warps) and off (many) */
+        for (int ahead : {1, -1}) {
+            printf("skinny prefetch %s\n", ahead > 0 ? "always" : "never");
+            cllm_cuda_gemm_force_ahead(ahead);
+            test_gemm(40, 72, 40, true);
+            test_gemm(300, 1024, 40, false);
+            test_gemm_gate_up_silu(100, 1024);
+            test_gemm_rope_store(14, 2, 64, 520, false);
+        }
+        cllm_cuda_gemm_force_ahead(0);
     }
     /* refused operands */
     std::vector<__nv_bfloat16> w8(64), x8(64);

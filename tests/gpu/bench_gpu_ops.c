@@ -8,7 +8,8 @@
  *
  * A benchmark, not a test: nothing here fails on timing. The comparison rows come from the
  * backend's own switches, one run each (tests/gpu/run): CLLM_CUBLAS=1 (every GEMM through
- * cuBLAS), CLLM_ATTN_SIMT=1 (the CUDA-core attention kernel), CLLM_NO_PDL=1.
+ * cuBLAS), CLLM_ATTN_SIMT=1 (the CUDA-core attention kernel), CLLM_NO_PDL=1, CLLM_GEMM_TILE
+ * and CLLM_GEMM_AHEAD (our GEMM's variants); `bench_gpu_ops --gemms` times the GEMMs alone.
  * Without a CUDA device it prints why and exits 77.
  *
  * `bench_gpu_ops --cpu` runs the same harness once over the CPU backend at the smaller step
@@ -477,6 +478,7 @@ static void bench_attention(void)
 int main(int argc, char **argv)
 {
     smoke = argc > 1 && strcmp(argv[1], "--cpu") == 0;
+    const bool gemms_only = argc > 1 && strcmp(argv[1], "--gemms") == 0;
     struct cllm_backend_options opt = {smoke ? CLLM_BACKEND_CPU : CLLM_BACKEND_CUDA, 0, 0,
                                        CLLM_CPU_WEIGHTS_STORED};
     char err[256] = "";
@@ -489,13 +491,19 @@ int main(int argc, char **argv)
         printf("bench_gpu_ops: the backend records no steps\n");
         return 1;
     }
-    const char *env[] = {"CLLM_CUBLAS", "CLLM_ATTN_SIMT", "CLLM_NO_PDL"};
+    const char *env[] = {"CLLM_CUBLAS", "CLLM_ATTN_SIMT", "CLLM_NO_PDL", "CLLM_GEMM_TILE",
+                         "CLLM_GEMM_AHEAD"};
     printf("bench_gpu_ops: %s backend, Qwen2.5-1.5B shapes, %d ops per recorded step;", G->name,
            smoke ? 1 : REPS);
     for (size_t i = 0; i < sizeof env / sizeof env[0]; i++)
         if (getenv(env[i]))
             printf(" %s=%s", env[i], getenv(env[i]));
     printf("\n  %-34s %5s %9s %9s %9s\n", "op", "n", "us/op", "GB/s", "TFLOP/s");
+    if (gemms_only) {
+        bench_gemms();
+        cllm_backend_free(gpu);
+        return test_summary();
+    }
     bench_small_ops();
     bench_attention();
     bench_gemms();

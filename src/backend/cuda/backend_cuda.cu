@@ -980,10 +980,18 @@ static bool env_is_one(const char *name)
     return v && strcmp(v, "1") == 0;
 }
 
-/* The tiled GEMM's block shape from CLLM_GEMM_TILE (gemm.h: same bits, another speed), for
- * comparisons on a GPU; a name it does not know is ignored with a warning. */
-static void choose_gemm_tiling(void)
+/* The tiled GEMM's block shape from CLLM_GEMM_TILE and the skinny one's prefetch from
+ * CLLM_GEMM_AHEAD (gemm.h: same bits, another speed), for comparisons on a GPU; a value it
+ * does not know is ignored with a warning. */
+static void choose_gemm_variants(void)
 {
+    const char *ahead = getenv("CLLM_GEMM_AHEAD"); /* the skinny kernel's prefetch, likewise */
+    if (ahead && *ahead) {
+        if (strcmp(ahead, "always") == 0 || strcmp(ahead, "never") == 0)
+            cllm_cuda_gemm_force_ahead(ahead[0] == 'a' ? 1 : -1);
+        else
+            cllm_log(CLLM_LOG_WARN, "cuda: CLLM_GEMM_AHEAD=%s ignored: not always or never", ahead);
+    }
     const char *tile = getenv("CLLM_GEMM_TILE");
     if (!tile || !*tile)
         return;
@@ -1088,7 +1096,7 @@ extern "C" enum cllm_status cllm_backend_cuda_new(struct cllm_backend **out, int
         gemm = "the vendor BLAS in BF16 (it writes no F32 from BF16; not batch-invariant)";
     char ours[96];
     if (!c->cublas_only) {
-        choose_gemm_tiling();
+        choose_gemm_variants();
         snprintf(ours, sizeof ours, "%s, %s tiles", gemm, cllm_cuda_gemm_tiling());
         gemm = ours;
     }

@@ -68,6 +68,13 @@ struct tiling_shape {
 static const struct tiling_shape tilings[N_TILINGS] = {
     {"128x64", 128, 64, 2}, {"256x64", 256, 64, 1}, {"128x128", 128, 128, 1}};
 static int current_tiling = TILING_128X64;
+/* The skinny kernel's W prefetch: 0 by its slices (AHEAD_MIN_SLICES), 1 always, -1 never. */
+static int skinny_ahead = 0;
+
+void cllm_cuda_gemm_force_ahead(int mode)
+{
+    skinny_ahead = mode > 0 ? 1 : mode < 0 ? -1 : 0;
+}
 
 const char *cllm_cuda_gemm_tiling(void)
 {
@@ -617,7 +624,8 @@ static void launch_skinny(const __nv_bfloat16 *w, const EP &ep, int32_t N, int32
                           cudaStream_t stream)
 {
     const int32_t S = cllm_cuda_gemm_slices(N, K);
-    if (S >= AHEAD_MIN_SLICES)
+    const bool ahead = skinny_ahead != 0 ? skinny_ahead > 0 : S >= AHEAD_MIN_SLICES;
+    if (ahead)
         launch_skinny_as<true>(w, ep, N, K, x, n, y, ldy, S, stream);
     else
         launch_skinny_as<false>(w, ep, N, K, x, n, y, ldy, S, stream);

@@ -36,6 +36,11 @@
 cudaError_t cllm_cuda_gemm_use_tiling(const char *name);
 const char *cllm_cuda_gemm_tiling(void);
 
+/* For comparisons on a GPU (the backend takes CLLM_GEMM_AHEAD=always|never): whether the
+ * skinny kernel requests W a group of chunks ahead -- 1 always, -1 never, 0 (the default) in
+ * blocks of 4 slices or more. Same bits either way. */
+void cllm_cuda_gemm_force_ahead(int mode);
+
 /* K slices of a weight [N][K] (>= 1): enough warps to keep the memory system busy when one
  * token streams W, never slices shorter than 4 chunks. */
 int32_t cllm_cuda_gemm_slices(int32_t N, int32_t K);
