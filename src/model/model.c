@@ -139,6 +139,52 @@ static enum cllm_status alloc_rows(struct cllm_model *m, void *p, int64_t rows, 
     return m->be->iface->alloc(m->be, (size_t)(rows * cols) * elem, (void **)p);
 }
 
+/* Lets the backend time its ways of computing each matmul shape of the model -- the same bits
+ * whichever it picks (backend.h) -- before the first step; layer 0's weights stand for every
+ * layer's. The activation buffers serve as operands: inputs zeroed first, so that the timed
+ * kernels read numbers rather than whatever the allocations held. */
+static enum cllm_status tune_matmuls(struct cllm_model *m)
+{
+    struct cllm_backend *b = m->be;
+    const struct cllm_backend_iface *be = b->iface;
+    const struct cllm_hparams *hp = &m->hp;
+    if (!be->tune_matmul || hp->n_layer < 1)
+        return CLLM_OK;
+    const struct layer *L = &m->layers[0];
+    const int32_t T = m->max_tokens, O = m->max_outputs, E = hp->n_embd, F = hp->n_ff;
+    const int32_t Q = hp->n_head * hp->head_dim;
+    const int32_t QKV = Q + 2 * hp->n_head_kv * hp->head_dim;
+    const size_t act = m->act_size;
+    enum cllm_status st;
+    if ((st = be->memzero(b, m->xn, (size_t)T * E * act)) ||
+        (st = be->memzero(b, m->attn, (size_t)T * Q * act)) ||
+        (st = be->memzero(b, m->ff, (size_t)T * F * act)) ||
+        (st = be->memzero(b, m->out_n, (size_t)O * E * act)))
+        return st;
+    const bool gu_stacked = L->gate_up.stacked.host != NULL;
+    const bool gu_silu = gu_stacked && be->matmul_gate_up_silu;
+    const struct {
+        const struct cllm_weight *w; /* NULL: not one matmul in this model */
+        const void *x;
+        int32_t n_max;
+        void *y;
+        int32_t ldy;
+        bool silu;
+    } shapes[] = {
+        {L->qkv.stacked.host ? &L->qkv.stacked : NULL, m->xn, T, m->qkv, QKV, false},
+        {&L->wo, m->attn, T, m->ffo, E, false},
+        {gu_stacked ? &L->gate_up.stacked : NULL, m->xn, T, gu_silu ? m->ff : (void *)m->gate_up,
+         gu_silu ? F : 2 * F, gu_silu},
+        {&L->w_down, m->ff, T, m->ffo, E, false},
+        {&m->output, m->out_n, O, m->logits_dev, hp->n_vocab, false},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        if (shapes[i].w && (st = be->tune_matmul(b, shapes[i].w, shapes[i].x, shapes[i].n_max,
+                                                 shapes[i].y, shapes[i].ldy, shapes[i].silu)))
+            return st;
+    return CLLM_OK;
+}
+
 enum cllm_status cllm_model_init(struct cllm_model **out, const struct cllm_model_files *mf,
                                  struct cllm_backend *be, int32_t max_tokens, int32_t max_outputs,
                                  char *err, size_t err_len)
@@ -225,6 +271,10 @@ enum cllm_status cllm_model_init(struct cllm_model **out, const struct cllm_mode
     size_t scratch = be->iface->attention_scratch(be, max_tokens, hp->n_head, hp->head_dim);
     if (scratch && (st = cllm_backend_alloc_zeroed(be, scratch, &m->attn_scratch))) {
         cllm_fail(err, err_len, st, "cannot allocate activations for %d tokens", (int)max_tokens);
+        goto fail;
+    }
+    if ((st = tune_matmuls(m))) {
+        cllm_fail(err, err_len, st, "cannot time the matmuls on the device");
         goto fail;
     }
     m->logits_host = malloc((size_t)(O * hp->n_vocab) * sizeof(float));

@@ -125,7 +125,8 @@ static unsigned nthreads;
 static uint64_t progress;
 static std::vector<unsigned char> dyn[EMU_SLOTS]; /* dynamic shared memory, a slot's */
 static const int SMEM_DEFAULT = 48 * 1024; /* dynamic shared memory a launch gets unasked */
-static size_t dyn_max = SMEM_DEFAULT;
+static size_t dyn_max = SMEM_DEFAULT;      /* the limit set last */
+static std::map<const void *, size_t> dyn_max_of; /* each kernel's, as CUDA keeps them */
 static cudaError_t last_error = cudaSuccess;
 static std::mt19937_64 rng(12345);
 
@@ -427,19 +428,26 @@ void emu_on_stream(cudaStream_t s, const std::function<void()> &op)
         device_op(s, op);
 }
 
-void emu_launch(std::function<void()> body, dim3 grid3, dim3 block3, size_t smem, cudaStream_t stream, bool pdl)
+void emu_launch(std::function<void()> body, dim3 grid3, dim3 block3, size_t smem,
+                cudaStream_t stream, bool pdl, const void *func)
 {
-    if (recorded(stream, [=](cudaStream_t s) { emu_launch(body, grid3, block3, smem, s, pdl); }))
+    if (recorded(stream,
+                 [=](cudaStream_t s) { emu_launch(body, grid3, block3, smem, s, pdl, func); }))
         return;
+    const auto own = func ? dyn_max_of.find(func) : dyn_max_of.end();
+    const size_t smem_max = !func                     ? dyn_max
+                            : own != dyn_max_of.end() ? own->second
+                                                      : (size_t)SMEM_DEFAULT;
     unsigned block = block3.x;
     if (block3.y != 1 || block3.z != 1) {
         fprintf(stderr, "emu: only 1-D blocks are emulated (%u,%u,%u)\n", block3.x, block3.y, block3.z);
         abort();
     }
-    if (block == 0 || block > 1024 || block % 32 || smem > dyn_max || grid3.x == 0 || grid3.y == 0 ||
-        grid3.z == 0 || grid3.x > 0x7fffffffu || grid3.y > 65535 || grid3.z > 65535) {
+    if (block == 0 || block > 1024 || block % 32 || smem > smem_max || grid3.x == 0 ||
+        grid3.y == 0 || grid3.z == 0 || grid3.x > 0x7fffffffu || grid3.y > 65535 ||
+        grid3.z > 65535) {
         fprintf(stderr, "emu: bad launch config grid (%u,%u,%u) block %u smem %zu (max %zu)\n",
-                grid3.x, grid3.y, grid3.z, block, smem, dyn_max);
+                grid3.x, grid3.y, grid3.z, block, smem, smem_max);
         last_error = cudaErrorInvalidValue;
         return;
     }
@@ -570,12 +578,13 @@ cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int)
     if (a == cudaDevAttrMultiProcessorCount) { *v = 132; return cudaSuccess; }
     return cudaErrorInvalidValue;
 }
-cudaError_t emu_func_set_attribute(const void *, enum cudaFuncAttribute a, int v)
+cudaError_t emu_func_set_attribute(const void *f, enum cudaFuncAttribute a, int v)
 {
     int optin;
     if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0) != cudaSuccess) optin = SMEM_DEFAULT;
     if (a != cudaFuncAttributeMaxDynamicSharedMemorySize || v < 0 || v > optin) return cudaErrorInvalidValue;
     dyn_max = (size_t)v;
+    dyn_max_of[f] = (size_t)v;
     return cudaSuccess;
 }
 cudaError_t cudaMalloc(void **p, size_t n) { *p = malloc(n ? n : 1); if (*p) memset(*p, 0x5A, n); return *p ? cudaSuccess : cudaErrorMemoryAllocation; }

@@ -493,6 +493,111 @@ static void test_gemm_rope_store(int32_t n_head, int32_t n_kv, int32_t hd, int32
 }
 
 /* Parts of the test (0-9, see main) named on the command line, or all. */
+/* The GEMM of one shape for n tokens (paired: the gate/up weight with SiLU, BF16 out widened). */
+static std::vector<float> gemm_of(const std::vector<__nv_bfloat16> &w, int32_t N, int32_t K,
+                                  const std::vector<__nv_bfloat16> &x, int32_t n, bool paired)
+{
+    const int32_t cols = paired ? N / 2 : N;
+    std::vector<float> scratch(cllm_cuda_gemm_scratch_bytes(N, K, n) / 4 + 1, NAN);
+    std::vector<float> y((size_t)n * cols);
+    if (paired) {
+        std::vector<__nv_bfloat16> out((size_t)n * cols);
+        CHECK(cllm_cuda_gemm_gate_up_silu(w.data(), cols, K, x.data(), n, out.data(), cols,
+                                          scratch.data(), scratch.size() * 4, 0) == cudaSuccess);
+        for (size_t i = 0; i < y.size(); i++)
+            y[i] = bf(out[i]);
+    } else
+        CHECK(cllm_cuda_gemm(w.data(), NULL, N, K, x.data(), n, y.data(), cols, scratch.data(),
+                             scratch.size() * 4, 0) == cudaSuccess);
+    return y;
+}
+
+/* Start-up tuning (gemm.h): every bucket up to n_max gets a way that was timed -- one of the
+ * ways open to the tuner -- and the GEMM gives the same bits after as before; with the
+ * tiling closed, only the process's tiling is taken; forgetting the plans brings the default
+ * ways back. */
+static void test_gemm_tune(int32_t N, int32_t K, int32_t n_max, bool paired)
+{
+    printf("gemm tuning N=%d K=%d n<=%d paired=%d slices=%d\n", N, K, n_max, paired,
+           cllm_cuda_gemm_slices(N, K));
+    std::vector<__nv_bfloat16> w((size_t)N * K), x((size_t)n_max * K);
+    std::vector<float> wf = randv((int64_t)w.size(), 1.0f), xf = randv((int64_t)x.size(), 2.0f);
+    for (size_t i = 0; i < w.size(); i++)
+        w[i].__x = cllm_f32_to_bf16(wf[i]);
+    for (size_t i = 0; i < x.size(); i++)
+        x[i].__x = cllm_f32_to_bf16(xf[i]);
+    const int32_t sizes[] = {1, 12, 32, 33, n_max};
+    std::vector<std::vector<float>> before;
+    char defaults[5][32];
+    for (int i = 0; i < 5; i++) {
+        before.push_back(gemm_of(w, N, K, x, sizes[i], paired));
+        cllm_cuda_gemm_way(N, K, sizes[i], defaults[i], sizeof defaults[i]);
+    }
+    cudaStream_t stream = NULL; /* a stream of its own: the legacy stream cannot be recorded */
+    CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+    const unsigned opens[] = {CLLM_CUDA_GEMM_TUNE_TILING | CLLM_CUDA_GEMM_TUNE_AHEAD, 0u};
+    for (unsigned open : opens) {
+        /* the tuner's operands: its own x (it only reads it) and y, which it overwrites */
+        std::vector<float> y((size_t)n_max * N, -1.0f);
+        std::vector<float> scratch(cllm_cuda_gemm_tune_scratch_bytes(N, K, n_max) / 4 + 1);
+        if (cllm_cuda_gemm_slices(N, K) > 1)
+            CHECKF(scratch.size() > 1, "gemm tuning N=%d K=%d: no scratch for the parallel ways", N,
+                   K);
+        char report[1024];
+        CHECK(cllm_cuda_gemm_tune(w.data(), N, K, paired, x.data(), n_max, y.data(),
+                                  paired ? N / 2 : N, scratch.data(), scratch.size() * 4, open,
+                                  stream, report, sizeof report) == cudaSuccess);
+        printf("  open %u: %s\n", open, report);
+        char shape[32];
+        snprintf(shape, sizeof shape, "%dx%d", N, K);
+        CHECKF(strncmp(report, shape, strlen(shape)) == 0,
+               "tuning report starts with the shape: %s", report);
+        /* the skinny prefetch is timed both ways only when it is open */
+        CHECKF((strstr(report, "n<=8: ") != NULL) == ((open & CLLM_CUDA_GEMM_TUNE_AHEAD) != 0),
+               "tuning report: %s", report);
+        for (int i = 0; i < 5; i++) {
+            char way[32];
+            cllm_cuda_gemm_way(N, K, sizes[i], way, sizeof way);
+            if (sizes[i] <= CLLM_CUDA_GEMM_SKINNY_MAX)
+                CHECKF(strcmp(way, "ahead") == 0 || strcmp(way, "not ahead") == 0, "n=%d: way %s",
+                       sizes[i], way);
+            else if (open & CLLM_CUDA_GEMM_TUNE_TILING)
+                CHECKF(strncmp(way, "128x64", 6) == 0 || strncmp(way, "256x64", 6) == 0 ||
+                           strncmp(way, "128x128", 7) == 0,
+                       "n=%d: way %s", sizes[i], way);
+            else
+                CHECKF(strncmp(way, cllm_cuda_gemm_tiling(), strlen(cllm_cuda_gemm_tiling())) ==
+                               0 &&
+                           (way[strlen(cllm_cuda_gemm_tiling())] == '\0' ||
+                            way[strlen(cllm_cuda_gemm_tiling())] == ' '),
+                       "n=%d: way %s with the tiling closed", sizes[i], way);
+            if (sizes[i] <= CLLM_CUDA_GEMM_SKINNY_MAX && !(open & CLLM_CUDA_GEMM_TUNE_AHEAD))
+                CHECKF(strcmp(way, defaults[i]) == 0,
+                       "n=%d: way %s, not the default %s, with the prefetch closed", sizes[i], way,
+                       defaults[i]);
+            std::vector<float> after = gemm_of(w, N, K, x, sizes[i], paired);
+            CHECKF(memcmp(after.data(), before[i].data(), after.size() * 4) == 0,
+                   "gemm N=%d K=%d n=%d: tuned way %s gives other bits", N, K, sizes[i], way);
+        }
+    }
+    cllm_cuda_gemm_forget_plans();
+    for (int i = 0; i < 5; i++) {
+        char way[32];
+        cllm_cuda_gemm_way(N, K, sizes[i], way, sizeof way);
+        CHECKF(strcmp(way, defaults[i]) == 0, "n=%d: way %s after forgetting, not the default %s",
+               sizes[i], way, defaults[i]);
+    }
+    /* refused operands */
+    char report[8];
+    CHECK(cllm_cuda_gemm_tune(w.data(), N, K, paired, x.data(), 0, NULL, N, NULL, 0,
+                              CLLM_CUDA_GEMM_TUNE_TILING, 0, report,
+                              sizeof report) == cudaErrorInvalidValue);
+    CHECK(cllm_cuda_gemm_tune(w.data(), 7, K, 1, x.data(), 4, NULL, 7, NULL, 0,
+                              CLLM_CUDA_GEMM_TUNE_TILING, 0, report,
+                              sizeof report) == cudaErrorInvalidValue); /* odd paired */
+    CHECK(cudaStreamDestroy(stream) == cudaSuccess);
+}
+
 static bool part(int argc, char **argv, int k)
 {
     for (int i = 1; i < argc; i++)
@@ -553,6 +658,10 @@ int main(int argc, char **argv)
             test_gemm_rope_store(14, 2, 64, 520, false);
         }
         cllm_cuda_gemm_force_ahead(0);
+    }
+    if (part(argc, argv, 10)) {
+        test_gemm_tune(136, 256, 40, false); /* several slices: the parallel ways too */
+        test_gemm_tune(72, 264, 40, true);   /* gate/up + SiLU */
     }
     /* refused operands */
     std::vector<__nv_bfloat16> w8(64), x8(64);

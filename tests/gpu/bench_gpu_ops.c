@@ -9,7 +9,8 @@
  * A benchmark, not a test: nothing here fails on timing. The comparison rows come from the
  * backend's own switches, one run each (tests/gpu/run): CLLM_CUBLAS=1 (every GEMM through
  * cuBLAS), CLLM_ATTN_SIMT=1 (the CUDA-core attention kernel), CLLM_NO_PDL=1, CLLM_GEMM_TILE
- * and CLLM_GEMM_AHEAD (our GEMM's variants); `bench_gpu_ops --gemms` times the GEMMs alone.
+ * and CLLM_GEMM_AHEAD (our GEMM's variants), CLLM_GEMM_TUNE=0 (the GEMMs' default ways, not the
+ * ones tuned at start); `bench_gpu_ops --gemms` times the GEMMs alone.
  * Without a CUDA device it prints why and exits 77.
  *
  * `bench_gpu_ops --cpu` runs the same harness once over the CPU backend at the smaller step
@@ -358,6 +359,13 @@ static void bench_gemms(void)
         size_t act = cllm_backend_elem_size(G->act_dtype), out_elem = shapes[s].silu ? act : 4;
         void *x = dev_random(max_n * shapes[s].K, G->act_dtype, 1.0f);
         void *y = dev_alloc((size_t)max_n * shapes[s].N * 4);
+        /* as the model does at load: the backend picks its fastest way per step size (the
+         * GPU log says which, beside the default way's time; CLLM_GEMM_TUNE=0: defaults) */
+        if (G->tune_matmul) {
+            const int32_t n_tune = shapes[s].N == VOCAB ? 192 : max_n;
+            CHECK(G->tune_matmul(gpu, &w->w, x, n_tune, y, (int32_t)out_cols, shapes[s].silu) ==
+                  CLLM_OK);
+        }
         for (size_t i = 0; i < sizeof steps / sizeof steps[0] && steps[i] <= max_n; i++) {
             int32_t n = steps[i];
             if (shapes[s].N == VOCAB && n > 192)
@@ -491,8 +499,8 @@ int main(int argc, char **argv)
         printf("bench_gpu_ops: the backend records no steps\n");
         return 1;
     }
-    const char *env[] = {"CLLM_CUBLAS", "CLLM_ATTN_SIMT", "CLLM_NO_PDL", "CLLM_GEMM_TILE",
-                         "CLLM_GEMM_AHEAD"};
+    const char *env[] = {"CLLM_CUBLAS",    "CLLM_ATTN_SIMT",  "CLLM_NO_PDL",
+                         "CLLM_GEMM_TILE", "CLLM_GEMM_AHEAD", "CLLM_GEMM_TUNE"};
     printf("bench_gpu_ops: %s backend, Qwen2.5-1.5B shapes, %d ops per recorded step;", G->name,
            smoke ? 1 : REPS);
     for (size_t i = 0; i < sizeof env / sizeof env[0]; i++)

@@ -329,6 +329,70 @@ static void test_matmul_gate_up_silu(int32_t K, int32_t F)
     free_weight(&w);
 }
 
+/* Start-up tuning (tune_matmul): the matmuls of a tuned shape give the bits they gave before
+ * (every way the tuner may pick computes one formula), as F32 products and through the SiLU
+ * epilogue, at every kind of step (skinny, tiled, parallel slices); a tuning while a step is
+ * recorded, or for no tokens, is refused. Without our GEMM there is nothing to tune. */
+static void test_tune_matmul(int32_t K, int32_t F, int32_t n_max)
+{
+    if (!G->tune_matmul)
+        return;
+    const int32_t N = 2 * F, sizes[] = {1, 12, 32, 33, n_max};
+    const size_t n_sizes = sizeof sizes / sizeof sizes[0];
+    struct wpair w;
+    make_weight(&w, K, N, 0.05f);
+    float *x = randv((int64_t)n_max * K, 1.0f);
+    uint16_t *xb = malloc((size_t)n_max * K * 2);
+    for (int64_t i = 0; i < (int64_t)n_max * K; i++)
+        xb[i] = cllm_f32_to_bf16(x[i]);
+    void *x_d = dev_upload(xb, (size_t)n_max * K * 2);
+    void *y_d = dev_poisoned((size_t)n_max * N * 4), *ff_d = dev_poisoned((size_t)n_max * F * 2);
+    float *before[5];
+    uint16_t *ff_before[5];
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) { /* tune both ways of using the weight, then compare */
+            void *xt = dev_upload(xb, (size_t)n_max * K * 2);
+            CHECK(G->tune_matmul(gpu, &w.g, xt, n_max, y_d, N, false) == CLLM_OK);
+            if (G->matmul_gate_up_silu)
+                CHECK(G->tune_matmul(gpu, &w.g, xt, n_max, ff_d, F, true) == CLLM_OK);
+            G->dealloc(gpu, xt);
+        }
+        for (size_t si = 0; si < n_sizes; si++) {
+            const int32_t n = sizes[si];
+            CHECK(G->matmul(gpu, &w.g, NULL, x_d, n, y_d, N) == CLLM_OK);
+            float *y = download_f32(y_d, (int64_t)n * N);
+            uint16_t *ff = calloc((size_t)n * F, 2);
+            if (G->matmul_gate_up_silu &&
+                G->matmul_gate_up_silu(gpu, &w.g, x_d, n, F, ff_d) == CLLM_OK) {
+                CHECK(G->download(gpu, ff, ff_d, (size_t)n * F * 2) == CLLM_OK);
+                CHECK(G->sync(gpu) == CLLM_OK);
+            }
+            if (pass == 0) {
+                before[si] = y, ff_before[si] = ff;
+                continue;
+            }
+            CHECKF(memcmp(y, before[si], (size_t)n * N * 4) == 0,
+                   "matmul %dx%d, %d rows: other bits once tuned", (int)N, (int)K, (int)n);
+            CHECKF(memcmp(ff, ff_before[si], (size_t)n * F * 2) == 0,
+                   "matmul_gate_up_silu 2x%dx%d, %d rows: other bits once tuned", (int)F, (int)K,
+                   (int)n);
+            free(y), free(ff), free(before[si]), free(ff_before[si]);
+        }
+    }
+    CHECK(G->tune_matmul(gpu, &w.g, x_d, 0, y_d, N, false) == CLLM_ERR_INVALID_ARG);
+    if (G->graph_begin) {
+        bool replayed = true;
+        CHECK(G->graph_begin(gpu, 0x7e57u, &replayed) == CLLM_OK && !replayed);
+        CHECK(G->tune_matmul(gpu, &w.g, x_d, n_max, y_d, N, false) == CLLM_ERR_INVALID_ARG);
+        CHECK(G->matmul(gpu, &w.g, NULL, x_d, 1, y_d, N) == CLLM_OK);
+        CHECK(G->graph_end(gpu, 0x7e57u) == CLLM_OK);
+        CHECK(G->sync(gpu) == CLLM_OK);
+    }
+    G->dealloc(gpu, x_d), G->dealloc(gpu, y_d), G->dealloc(gpu, ff_d);
+    free(x), free(xb);
+    free_weight(&w);
+}
+
 /* The QKV projection with bias, RoPE and the KV store in its epilogue (matmul_rope_store)
  * equals matmul + qkv_rope_store bit for bit (q, k in the qkv rows; both caches), a padding
  * row included; a step too large for it, or any step without our GEMM, is refused with
@@ -853,6 +917,7 @@ int main(void)
     if (our_gemm)
         test_matmul_invariance(264, 48);
     test_matmul_gate_up_silu(264, 52);
+    test_tune_matmul(264, 40, 40);
     test_matmul_rope_store(4, 2, 64, 264);
     int32_t lens_a[] = {1, 17, 40};
     int32_t lens_b[] = {300, 2, 40};
@@ -871,6 +936,7 @@ int main(void)
         test_matmul_invariance(1536, 8960); /* one slice */
     }
     test_matmul_gate_up_silu(1536, 8960);
+    test_tune_matmul(1536, 8960, 300);        /* gate/up of Qwen2.5-1.5B, every bucket to 300 */
     test_matmul_rope_store(12, 2, 128, 1536); /* Qwen2.5-1.5B */
     test_matmul_rope_store(14, 2, 64, 896);   /* Qwen2.5-0.5B */
     int32_t lens_a[] = {1, 17, 300};

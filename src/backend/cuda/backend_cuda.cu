@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "backend/cuda/backend_cuda.h"
@@ -82,6 +83,7 @@ struct cuda {
     void *gemm_scratch; /* slices of the tiled GEMM run in parallel through this (gemm.h) */
     size_t gemm_scratch_size;
     size_t gemm_scratch_wanted; /* what a recording needed and could not grow to */
+    size_t gemm_scratch_refused; /* the smallest size cudaMalloc refused (0: none) */
     void *staging; /* pinned, STAGING_BYTES */
     /* device sampling: up to two draws queued, each in its own slot, oldest first */
     struct cllm_sample_row *rows_dev;
@@ -100,6 +102,7 @@ struct cuda {
     struct graph_entry graphs[MAX_GRAPHS];
     int n_graphs;
     bool capturing;
+    unsigned tune_what; /* the GEMM choices tune_matmul may make (gemm.h); 0: none */
 };
 
 static struct cuda *cuda_of(struct cllm_backend *be)
@@ -376,10 +379,22 @@ static enum cllm_status grow_unrecorded(struct cuda *c, void **p, size_t *size, 
  * an H200: a 1536 x 8960 GEMM over 192 tokens took 488 us without them). */
 static enum cllm_status grow_gemm_scratch(struct cuda *c, size_t need)
 {
+    if (c->gemm_scratch_refused && need >= c->gemm_scratch_refused)
+        return CLLM_OK; /* tried: the device had no room for it */
     if (c->capturing && need > c->gemm_scratch_size && need > c->gemm_scratch_wanted)
         c->gemm_scratch_wanted = need;
-    return grow_unrecorded(c, &c->gemm_scratch, &c->gemm_scratch_size, need,
-                           "cudaMalloc (GEMM scratch)");
+    enum cllm_status st = grow_unrecorded(c, &c->gemm_scratch, &c->gemm_scratch_size, need,
+                                          "cudaMalloc (GEMM scratch)");
+    if (st != CLLM_ERR_NOMEM)
+        return st;
+    /* Out of memory (the KV pool took what was free): the same sums in fewer blocks, and no
+     * second try at this size, which would cost a sync and the recordings every time. */
+    (void)cudaGetLastError();
+    c->gemm_scratch_refused = need;
+    cllm_log(CLLM_LOG_WARN,
+             "cuda: no room for %zu bytes of GEMM scratch: its slices run one after the other",
+             need);
+    return CLLM_OK;
 }
 
 /* y[t][0..N) = W x_t (+ bias) through the BLAS: W [N][K] and x [n][K] BF16. Column-major,
@@ -460,6 +475,46 @@ static enum cllm_status cu_matmul_gate_up_silu(struct cllm_backend *be, const st
                                                   dim, c->gemm_scratch, c->gemm_scratch_size,
                                                   c->stream),
                       "gemm (gate/up + SiLU)");
+}
+
+/* Times our GEMM's ways for w's shape (gemm.h) and keeps the fastest per step size. The
+ * parallel ways get the scratch they need if the device has it (else they are not timed); the
+ * scratch is freed after, so that it is only as large as the chosen ways make it at their
+ * first step. */
+static enum cllm_status cu_tune_matmul(struct cllm_backend *be, const struct cllm_weight *w,
+                                       const void *x, int32_t n_max, void *y, int32_t ldy,
+                                       bool gate_up_silu)
+{
+    struct cuda *c = cuda_of(be);
+    if (w->dtype != CLLM_DTYPE_BF16 || w->ne[0] > INT32_MAX || w->ne[1] > INT32_MAX || n_max < 1 ||
+        c->capturing)
+        return CLLM_ERR_INVALID_ARG;
+    const int32_t K = (int32_t)w->ne[0], N = (int32_t)w->ne[1];
+    if (c->cublas_only || !c->tune_what || !cllm_cuda_gemm_supported(w->data, x, K))
+        return CLLM_OK; /* the BLAS chooses for itself; or nothing is open */
+    TRY(use_device(c));
+    TRY(check_cuda(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize"));
+    drop_graphs(c); /* they may point into the scratch */
+    const size_t want = cllm_cuda_gemm_tune_scratch_bytes(N, K, n_max);
+    if (want > c->gemm_scratch_size && grow_device_buffer(&c->gemm_scratch, &c->gemm_scratch_size,
+                                                          want, "cudaMalloc (GEMM tuning)"))
+        (void)cudaGetLastError(); /* short of memory: the parallel ways are not timed */
+    char report[768];
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    enum cllm_status st = check_cuda(
+        cllm_cuda_gemm_tune((const __nv_bfloat16 *)w->data, N, K, gate_up_silu,
+                            (const __nv_bfloat16 *)x, n_max, y, ldy, c->gemm_scratch,
+                            c->gemm_scratch_size, c->tune_what, c->stream, report, sizeof report),
+        "GEMM tuning");
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (st == CLLM_OK)
+        cllm_log(CLLM_LOG_INFO, "cuda: GEMM %s (tuned in %.0f ms)", report,
+                 (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
+    cudaFree(c->gemm_scratch);
+    c->gemm_scratch = NULL;
+    c->gemm_scratch_size = 0;
+    return st;
 }
 
 static struct cllm_cuda_batch batch_of(const struct cllm_attn_batch *b)
@@ -911,6 +966,7 @@ static const struct cllm_backend_iface cuda_iface = {
     /* .sync = */ cu_sync,
     /* .host_threads = */ NULL, /* the engine draws on its own host threads */
     /* .host_run = */ NULL,
+    /* .tune_matmul = */ cu_tune_matmul,
 };
 
 /* Where the BLAS does the model's GEMMs (a build without MMA, CLLM_CUBLAS=1): one small GEMM
@@ -982,27 +1038,36 @@ static bool env_is_one(const char *name)
 
 /* The tiled GEMM's block shape from CLLM_GEMM_TILE and the skinny one's prefetch from
  * CLLM_GEMM_AHEAD (gemm.h: same bits, another speed), for comparisons on a GPU; a value it
- * does not know is ignored with a warning. */
-static void choose_gemm_variants(void)
+ * does not know is ignored with a warning. Returns the choices left to tune_matmul: those
+ * the environment did not fix, none under CLLM_GEMM_TUNE=0. */
+static unsigned choose_gemm_variants(void)
 {
+    unsigned open = CLLM_CUDA_GEMM_TUNE_TILING | CLLM_CUDA_GEMM_TUNE_AHEAD;
     const char *ahead = getenv("CLLM_GEMM_AHEAD"); /* the skinny kernel's prefetch, likewise */
     if (ahead && *ahead) {
-        if (strcmp(ahead, "always") == 0 || strcmp(ahead, "never") == 0)
+        if (strcmp(ahead, "always") == 0 || strcmp(ahead, "never") == 0) {
             cllm_cuda_gemm_force_ahead(ahead[0] == 'a' ? 1 : -1);
-        else
+            open &= ~CLLM_CUDA_GEMM_TUNE_AHEAD;
+        } else
             cllm_log(CLLM_LOG_WARN, "cuda: CLLM_GEMM_AHEAD=%s ignored: not always or never", ahead);
     }
     const char *tile = getenv("CLLM_GEMM_TILE");
-    if (!tile || !*tile)
-        return;
-    cudaError_t e = cllm_cuda_gemm_use_tiling(tile);
-    if (e == cudaErrorInvalidValue)
-        cllm_log(CLLM_LOG_WARN,
-                 "cuda: CLLM_GEMM_TILE=%s ignored: not one of 128x64, 256x64, 128x128", tile);
-    else if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        cllm_log(CLLM_LOG_WARN, "cuda: CLLM_GEMM_TILE=%s ignored: %s", tile, cudaGetErrorString(e));
+    if (tile && *tile) {
+        cudaError_t e = cllm_cuda_gemm_use_tiling(tile);
+        if (e == cudaSuccess)
+            open &= ~CLLM_CUDA_GEMM_TUNE_TILING;
+        else if (e == cudaErrorInvalidValue)
+            cllm_log(CLLM_LOG_WARN,
+                     "cuda: CLLM_GEMM_TILE=%s ignored: not one of 128x64, 256x64, 128x128", tile);
+        else {
+            (void)cudaGetLastError();
+            cllm_log(CLLM_LOG_WARN, "cuda: CLLM_GEMM_TILE=%s ignored: %s", tile,
+                     cudaGetErrorString(e));
+        }
     }
+    /* CLLM_GEMM_TUNE=0: every GEMM the default way (for comparisons) */
+    const char *tune = getenv("CLLM_GEMM_TUNE");
+    return tune && strcmp(tune, "0") == 0 ? 0u : open;
 }
 
 extern "C" enum cllm_status cllm_backend_cuda_new(struct cllm_backend **out, int32_t device,
@@ -1096,8 +1161,11 @@ extern "C" enum cllm_status cllm_backend_cuda_new(struct cllm_backend **out, int
         gemm = "the vendor BLAS in BF16 (it writes no F32 from BF16; not batch-invariant)";
     char ours[96];
     if (!c->cublas_only) {
-        choose_gemm_variants();
-        snprintf(ours, sizeof ours, "%s, %s tiles", gemm, cllm_cuda_gemm_tiling());
+        c->tune_what = choose_gemm_variants();
+        snprintf(ours, sizeof ours, "%s, %s%s", gemm,
+                 c->tune_what & CLLM_CUDA_GEMM_TUNE_TILING ? "tiles tuned at start, default "
+                                                           : "tiles ",
+                 cllm_cuda_gemm_tiling());
         gemm = ours;
     }
     struct cudaDeviceProp prop;

@@ -13,7 +13,12 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
+
+#include <mutex>
 
 #define CHUNK 32         /* K elements per step: two MMAs */
 #define VECS (CHUNK / 8) /* 16-byte vectors per row and chunk */
@@ -57,9 +62,8 @@ int32_t cllm_cuda_gemm_slices(int32_t N, int32_t K)
     return s < 1 ? 1 : (int32_t)s;
 }
 
-/* The tiled kernel's shapes by name (the tiling structs below, for the host), and the one this
- * process uses: one choice for every GEMM, so that a token's bits never depend on it changing
- * between steps (they would not anyway: the formula is per element). */
+/* The tiled kernel's shapes by name (the tiling structs below, for the host), and the one a
+ * step takes where no tuned plan says otherwise (below). */
 enum { TILING_128X64, TILING_256X64, TILING_128X128, N_TILINGS };
 struct tiling_shape {
     const char *name;
@@ -70,6 +74,8 @@ static const struct tiling_shape tilings[N_TILINGS] = {
 static int current_tiling = TILING_128X64;
 /* The skinny kernel's W prefetch: 0 by its slices (AHEAD_MIN_SLICES), 1 always, -1 never. */
 static int skinny_ahead = 0;
+/* Slices (warps per block) from which the skinny kernel loads W a group ahead by default. */
+#define AHEAD_MIN_SLICES 4
 
 void cllm_cuda_gemm_force_ahead(int mode)
 {
@@ -96,6 +102,111 @@ cudaError_t cllm_cuda_gemm_use_tiling(const char *name)
 }
 
 #ifdef CLLM_HAVE_MMA
+
+/* --- ways and plans --- */
+
+/* How one GEMM runs a step: the tiled kernel's shape and whether its slices run in parallel
+ * blocks (steps of more than CLLM_CUDA_GEMM_SKINNY_MAX tokens), or whether the skinny kernel
+ * requests W a group ahead (the others). Every way computes the same bits -- the formula
+ * (gemm.h) is per element and fixes the order of every sum -- so which one runs is a matter of
+ * speed alone, and that depends on the GPU, the weight's shape and the step's size: measured
+ * at start-up (cllm_cuda_gemm_tune), not guessed. */
+struct gemm_way {
+    int tiling;
+    bool parallel;
+    bool ahead;
+};
+
+/* Step sizes a plan keeps one way for: the skinny kernel's three token-tile counts, then
+ * powers of two. A bucket is timed at one step size: one sequence's decode step, the skinny
+ * tiles' fullest steps, then the middle of each range (192: the evaluation's batch). */
+#define N_BUCKETS 11
+static const int32_t bucket_max[N_BUCKETS] = {8,   16,   32,   64,   128,      256,
+                                              512, 1024, 2048, 4096, INT32_MAX};
+static const int32_t bucket_probe[N_BUCKETS] = {1, 16, 32, 48, 96, 192, 384, 768, 1536, 3072, 6144};
+
+static int bucket_of(int32_t n)
+{
+    int b = 0;
+    while (n > bucket_max[b])
+        b++;
+    return b;
+}
+
+/* The ways tuned for one weight shape, bucket by bucket (bit b of `tuned`). Process-wide, as
+ * the tiling is: all the devices of a process are alike (backend_cuda.cu). */
+#define MAX_PLANS 32
+struct gemm_plan {
+    int32_t N, K;
+    unsigned tuned;
+    gemm_way way[N_BUCKETS];
+};
+static gemm_plan plans[MAX_PLANS];
+static int n_plans;
+static std::mutex plans_lock; /* a backend may tune while another one's steps launch */
+
+static int64_t tiles_of(int tiling, int32_t N, int32_t n)
+{
+    const struct tiling_shape *t = &tilings[tiling];
+    return ((int64_t)n + t->n - 1) / t->n * (((int64_t)N + t->m - 1) / t->m);
+}
+
+/* The way of an untuned step: the process's tiling, its slices in parallel when its tiles
+ * number fewer than about two blocks per SM of an H100/H200 (132 SMs: 256 tiles of a shape two
+ * of whose blocks fit an SM, 128 of one that takes the SM alone), the skinny prefetch in blocks
+ * of AHEAD_MIN_SLICES warps or more. */
+static gemm_way default_way(int32_t N, int32_t K, int32_t n)
+{
+    gemm_way w;
+    w.tiling = current_tiling;
+    w.parallel = tiles_of(current_tiling, N, n) < 128 * tilings[current_tiling].min_blocks;
+    w.ahead =
+        skinny_ahead != 0 ? skinny_ahead > 0 : cllm_cuda_gemm_slices(N, K) >= AHEAD_MIN_SLICES;
+    return w;
+}
+
+static gemm_way way_for(int32_t N, int32_t K, int32_t n)
+{
+    const int b = bucket_of(n);
+    std::lock_guard<std::mutex> hold(plans_lock);
+    for (int i = 0; i < n_plans; i++)
+        if (plans[i].N == N && plans[i].K == K && (plans[i].tuned >> b & 1u))
+            return plans[i].way[b];
+    return default_way(N, K, n);
+}
+
+static void keep_way(int32_t N, int32_t K, int b, const gemm_way &w)
+{
+    std::lock_guard<std::mutex> hold(plans_lock);
+    int i = 0;
+    while (i < n_plans && !(plans[i].N == N && plans[i].K == K))
+        i++;
+    if (i == MAX_PLANS)
+        return; /* full: this shape keeps the default ways */
+    if (i == n_plans) {
+        plans[i] = gemm_plan{N, K, 0u, {}};
+        n_plans++;
+    }
+    plans[i].way[b] = w;
+    plans[i].tuned |= 1u << b;
+}
+
+void cllm_cuda_gemm_forget_plans(void)
+{
+    std::lock_guard<std::mutex> hold(plans_lock);
+    n_plans = 0;
+}
+
+/* Does this way run the slices in parallel blocks for a step of n tokens (given the scratch)? */
+static bool runs_parallel(const gemm_way &w, int32_t N, int32_t K, int32_t n)
+{
+    return w.parallel && n > CLLM_CUDA_GEMM_SKINNY_MAX && cllm_cuda_gemm_slices(N, K) > 1;
+}
+
+static size_t parallel_scratch(int32_t N, int32_t K, int32_t n)
+{
+    return (size_t)cllm_cuda_gemm_slices(N, K) * (size_t)n * (size_t)N * sizeof(float);
+}
 
 int cllm_cuda_gemm_supported(const void *w, const void *x, int32_t K)
 {
@@ -578,26 +689,12 @@ static __global__ void gemm_reduce_silu(const float *partials, int32_t N, int32_
     }
 }
 
-/* The tiled kernel spreads slices over blocks when its tiles number fewer than about two
- * blocks per SM of an H100/H200 (132 SMs): 256 tiles of a shape two of whose blocks fit an SM,
- * 128 of one that takes the SM alone. */
-static bool slices_in_parallel(int32_t N, int32_t K, int32_t n)
-{
-    const struct tiling_shape *t = &tilings[current_tiling];
-    int64_t tiles = ((int64_t)n + t->n - 1) / t->n * (((int64_t)N + t->m - 1) / t->m);
-    return n > CLLM_CUDA_GEMM_SKINNY_MAX && cllm_cuda_gemm_slices(N, K) > 1 &&
-           tiles < 128 * t->min_blocks;
-}
-
 size_t cllm_cuda_gemm_scratch_bytes(int32_t N, int32_t K, int32_t n)
 {
-    if (N <= 0 || n <= 0 || !slices_in_parallel(N, K, n))
+    if (N <= 0 || n <= 0 || !runs_parallel(way_for(N, K, n), N, K, n))
         return 0;
-    return (size_t)cllm_cuda_gemm_slices(N, K) * (size_t)n * (size_t)N * sizeof(float);
+    return parallel_scratch(N, K, n);
 }
-
-/* Slices (warps per block) from which the skinny kernel loads W a group ahead. */
-#define AHEAD_MIN_SLICES 4
 
 /* The skinny kernel with as many token tiles as n needs (n <= CLLM_CUDA_GEMM_SKINNY_MAX). */
 template <bool AHEAD, class EP>
@@ -619,12 +716,11 @@ static void launch_skinny_as(const __nv_bfloat16 *w, const EP &ep, int32_t N, in
 }
 
 template <class EP>
-static void launch_skinny(const __nv_bfloat16 *w, const EP &ep, int32_t N, int32_t K,
+static void launch_skinny(bool ahead, const __nv_bfloat16 *w, const EP &ep, int32_t N, int32_t K,
                           const __nv_bfloat16 *x, int32_t n, float *y, int32_t ldy,
                           cudaStream_t stream)
 {
     const int32_t S = cllm_cuda_gemm_slices(N, K);
-    const bool ahead = skinny_ahead != 0 ? skinny_ahead > 0 : S >= AHEAD_MIN_SLICES;
     if (ahead)
         launch_skinny_as<true>(w, ep, N, K, x, n, y, ldy, S, stream);
     else
@@ -665,32 +761,48 @@ static cudaError_t prepare_tiling(int id)
     return allow_ring<tiling_128x64>();
 }
 
-/* One GEMM of checked operands: the skinny kernel for decode steps, else the tiled one (its
- * slices in parallel blocks when the scratch allows, then summed in order). PAIRED: W is the
- * stacked [gate | up] weight (N = 2F rows) and y the BF16 [n][ldy] output of SiLU, no bias. */
+/* One GEMM's operands. PAIRED: W is the stacked [gate | up] weight (N = 2F rows) and y the
+ * BF16 [n][ldy] output of SiLU, no bias. */
+struct gemm_call {
+    const __nv_bfloat16 *w;
+    const float *bias;
+    int32_t N, K;
+    const __nv_bfloat16 *x;
+    void *y;
+    int32_t ldy;
+    void *scratch;
+    size_t scratch_bytes;
+    cudaStream_t stream;
+};
+
+/* One GEMM of checked operands, one way: the skinny kernel for decode steps, else the tiled
+ * one (its slices in parallel blocks when the way says so and the scratch holds them, then
+ * summed in order). */
 template <bool PAIRED>
-static cudaError_t launch_gemm(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K,
-                               const __nv_bfloat16 *x, int32_t n, void *y, int32_t ldy,
-                               void *scratch, size_t scratch_bytes, cudaStream_t stream)
+static cudaError_t launch_way(const gemm_way &way, const gemm_call &a, int32_t n)
 {
-    const int32_t S = cllm_cuda_gemm_slices(N, K);
+    const int32_t N = a.N, K = a.K, S = cllm_cuda_gemm_slices(N, K);
     if (n <= CLLM_CUDA_GEMM_SKINNY_MAX) {
         if constexpr (PAIRED)
-            launch_skinny(w, silu_epilogue{N / 2, (__nv_bfloat16 *)y, ldy}, N, K, x, n, NULL, 0,
-                          stream);
+            launch_skinny(way.ahead, a.w, silu_epilogue{N / 2, (__nv_bfloat16 *)a.y, a.ldy}, N, K,
+                          a.x, n, NULL, 0, a.stream);
         else
-            launch_skinny(w, plain_epilogue{bias}, N, K, x, n, (float *)y, ldy, stream);
+            launch_skinny(way.ahead, a.w, plain_epilogue{a.bias}, N, K, a.x, n, (float *)a.y, a.ldy,
+                          a.stream);
         return cudaGetLastError();
     }
-    const size_t need = cllm_cuda_gemm_scratch_bytes(N, K, n);
-    const bool parallel = need > 0 && scratch && scratch_bytes >= need;
-    float *partials = parallel ? (float *)scratch : NULL;
-    if (current_tiling == TILING_256X64)
-        launch_tiled<tiling_256x64, PAIRED>(w, bias, N, K, x, n, y, ldy, S, partials, stream);
-    else if (current_tiling == TILING_128X128)
-        launch_tiled<tiling_128x128, PAIRED>(w, bias, N, K, x, n, y, ldy, S, partials, stream);
+    const bool parallel =
+        runs_parallel(way, N, K, n) && a.scratch && a.scratch_bytes >= parallel_scratch(N, K, n);
+    float *partials = parallel ? (float *)a.scratch : NULL;
+    if (way.tiling == TILING_256X64)
+        launch_tiled<tiling_256x64, PAIRED>(a.w, a.bias, N, K, a.x, n, a.y, a.ldy, S, partials,
+                                            a.stream);
+    else if (way.tiling == TILING_128X128)
+        launch_tiled<tiling_128x128, PAIRED>(a.w, a.bias, N, K, a.x, n, a.y, a.ldy, S, partials,
+                                             a.stream);
     else
-        launch_tiled<tiling_128x64, PAIRED>(w, bias, N, K, x, n, y, ldy, S, partials, stream);
+        launch_tiled<tiling_128x64, PAIRED>(a.w, a.bias, N, K, a.x, n, a.y, a.ldy, S, partials,
+                                            a.stream);
     if (parallel) {
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess)
@@ -698,13 +810,191 @@ static cudaError_t launch_gemm(const __nv_bfloat16 *w, const float *bias, int32_
         const int64_t blocks = ((int64_t)n * (PAIRED ? N / 2 : N) + 255) / 256;
         const unsigned grid = (unsigned)(blocks < 65535 ? blocks : 65535);
         if constexpr (PAIRED)
-            cllm_launch(gemm_reduce_silu, grid, 256, 0, stream, partials, N, n, S,
-                        (__nv_bfloat16 *)y, ldy);
+            cllm_launch(gemm_reduce_silu, grid, 256, 0, a.stream, partials, N, n, S,
+                        (__nv_bfloat16 *)a.y, a.ldy);
         else
-            cllm_launch(gemm_reduce, grid, 256, 0, stream, partials, bias, N, n, S, (float *)y,
-                        ldy);
+            cllm_launch(gemm_reduce, grid, 256, 0, a.stream, partials, a.bias, N, n, S,
+                        (float *)a.y, a.ldy);
     }
     return cudaGetLastError();
+}
+
+static cudaError_t launch_call(bool paired, const gemm_way &way, const gemm_call &a, int32_t n)
+{
+    return paired ? launch_way<true>(way, a, n) : launch_way<false>(way, a, n);
+}
+
+/* --- tuning --- */
+
+/* The ways worth timing for a step of n tokens, the default way first: both skinny
+ * prefetches; each tiled shape with its slices in series, and in parallel blocks where there
+ * are slices and the tiles number fewer than about four blocks per SM (twice the default
+ * rule's bound) and the scratch holds them. Restricted to the process's tiling and the default
+ * prefetch where `what` does not include CLLM_CUDA_GEMM_TUNE_TILING / _AHEAD. */
+static int ways_to_time(int32_t N, int32_t K, int32_t n, unsigned what, size_t scratch_bytes,
+                        gemm_way *out)
+{
+    const gemm_way base = default_way(N, K, n);
+    int count = 0;
+    out[count++] = base;
+    if (n <= CLLM_CUDA_GEMM_SKINNY_MAX) {
+        if (what & CLLM_CUDA_GEMM_TUNE_AHEAD) {
+            out[count] = base;
+            out[count++].ahead = !base.ahead;
+        }
+        return count;
+    }
+    const bool sliced = cllm_cuda_gemm_slices(N, K) > 1;
+    for (int t = 0; t < N_TILINGS; t++) {
+        if (!(what & CLLM_CUDA_GEMM_TUNE_TILING) && t != current_tiling)
+            continue;
+        if (prepare_tiling(t) != cudaSuccess) {
+            (void)cudaGetLastError(); /* a shape this device cannot give its ring: not timed */
+            continue;
+        }
+        for (int parallel = 0; parallel < 2; parallel++) {
+            if (parallel && !(sliced && tiles_of(t, N, n) < 256 * tilings[t].min_blocks &&
+                              scratch_bytes >= parallel_scratch(N, K, n)))
+                continue;
+            if (t == base.tiling && (parallel != 0) == (base.parallel && sliced))
+                continue; /* the default way, already first */
+            out[count++] = gemm_way{t, parallel != 0, base.ahead};
+        }
+    }
+    return count;
+}
+
+size_t cllm_cuda_gemm_tune_scratch_bytes(int32_t N, int32_t K, int32_t n_max)
+{
+    size_t need = 0;
+    for (int b = 0; b < N_BUCKETS && N > 0 && n_max > 0; b++) {
+        const int32_t n = bucket_probe[b] < n_max ? bucket_probe[b] : n_max;
+        if (n > CLLM_CUDA_GEMM_SKINNY_MAX && cllm_cuda_gemm_slices(N, K) > 1) {
+            const size_t s = parallel_scratch(N, K, n);
+            need = s > need ? s : need;
+        }
+        if (n == n_max)
+            break;
+    }
+    return need;
+}
+
+/* Times one way as the engine runs it: `reps` launches recorded as one graph, replayed three
+ * times; the faster of the last two, per launch. */
+static cudaError_t time_way(bool paired, const gemm_way &way, const gemm_call &a, int32_t n,
+                            int reps, cudaEvent_t start, cudaEvent_t stop, float *us)
+{
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    cudaError_t e = cudaStreamBeginCapture(a.stream, cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess)
+        return e;
+    for (int r = 0; r < reps && e == cudaSuccess; r++)
+        e = launch_call(paired, way, a, n);
+    const cudaError_t ended = cudaStreamEndCapture(a.stream, &graph);
+    if (e == cudaSuccess)
+        e = ended;
+    if (e == cudaSuccess)
+        e = cudaGraphInstantiate(&exec, graph, 0);
+    *us = INFINITY;
+    for (int i = 0; i < 3 && e == cudaSuccess; i++) {
+        float ms = 0.0f;
+        e = cudaEventRecord(start, a.stream);
+        if (e == cudaSuccess)
+            e = cudaGraphLaunch(exec, a.stream);
+        if (e == cudaSuccess)
+            e = cudaEventRecord(stop, a.stream);
+        if (e == cudaSuccess)
+            e = cudaEventSynchronize(stop);
+        if (e == cudaSuccess)
+            e = cudaEventElapsedTime(&ms, start, stop);
+        if (e == cudaSuccess && i > 0 && 1000.0f * ms / (float)reps < *us)
+            *us = 1000.0f * ms / (float)reps;
+    }
+    if (exec)
+        cudaGraphExecDestroy(exec);
+    if (graph)
+        cudaGraphDestroy(graph);
+    return e;
+}
+
+static int describe_way(char *out, size_t len, int32_t N, int32_t K, int32_t n, const gemm_way &w)
+{
+    if (n <= CLLM_CUDA_GEMM_SKINNY_MAX)
+        return snprintf(out, len, "%s", w.ahead ? "ahead" : "not ahead");
+    return snprintf(out, len, "%s%s", tilings[w.tiling].name,
+                    runs_parallel(w, N, K, n) ? " parallel" : "");
+}
+
+void cllm_cuda_gemm_way(int32_t N, int32_t K, int32_t n, char *out, size_t len)
+{
+    describe_way(out, len, N, K, n, way_for(N, K, n));
+}
+
+/* Appends to report without overrunning it. */
+static void report_add(char *report, size_t len, size_t *at, const char *fmt, ...)
+{
+    if (!report || *at >= len)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    const int k = vsnprintf(report + *at, len - *at, fmt, ap);
+    va_end(ap);
+    if (k > 0)
+        *at = *at + (size_t)k < len ? *at + (size_t)k : len;
+}
+
+cudaError_t cllm_cuda_gemm_tune(const __nv_bfloat16 *w, int32_t N, int32_t K, int paired,
+                                const __nv_bfloat16 *x, int32_t n_max, void *y, int32_t ldy,
+                                void *scratch, size_t scratch_bytes, unsigned what,
+                                cudaStream_t stream, char *report, size_t report_len)
+{
+    if (report && report_len)
+        report[0] = '\0';
+    if (N < 1 || n_max < 1 || (paired && N % 2) || ldy < (paired ? N / 2 : N) ||
+        !cllm_cuda_gemm_supported(w, x, K))
+        return cudaErrorInvalidValue;
+    const gemm_call a = {w, NULL, N, K, x, y, ldy, scratch, scratch_bytes, stream};
+    cudaEvent_t start = NULL, stop = NULL;
+    cudaError_t e = cudaEventCreate(&start);
+    if (e == cudaSuccess)
+        e = cudaEventCreate(&stop);
+    size_t at = 0;
+    report_add(report, report_len, &at, "%dx%d", (int)N, (int)K);
+    for (int b = 0; b < N_BUCKETS && e == cudaSuccess; b++) {
+        const int32_t n = bucket_probe[b] < n_max ? bucket_probe[b] : n_max;
+        gemm_way ways[2 * N_TILINGS + 1];
+        const int count = ways_to_time(N, K, n, what, scratch_bytes, ways);
+        /* enough launches a graph (~20 us at least on an H200) that the gaps between the
+         * kernels of a recorded step are in the time, and the graph's own start is not */
+        const int reps = n <= CLLM_CUDA_GEMM_SKINNY_MAX ? 8 : n <= 256 ? 2 : 1;
+        float best = INFINITY, first = INFINITY;
+        int won = 0;
+        for (int i = 0; i < count && count > 1 && e == cudaSuccess; i++) {
+            float us;
+            e = time_way(paired != 0, ways[i], a, n, reps, start, stop, &us);
+            if (i == 0)
+                first = us; /* ways[0] is the default way */
+            if (e == cudaSuccess && us < best)
+                best = us, won = i;
+        }
+        if (e != cudaSuccess)
+            break;
+        keep_way(N, K, b, ways[won]);
+        char name[32];
+        describe_way(name, sizeof name, N, K, n, ways[won]);
+        if (count > 1)
+            report_add(report, report_len, &at, "; n<=%d: %s %.1f us (default %.1f)",
+                       bucket_max[b] == INT32_MAX ? (int)n : (int)bucket_max[b], name, (double)best,
+                       (double)first);
+        if (n == n_max)
+            break;
+    }
+    if (start)
+        cudaEventDestroy(start);
+    if (stop)
+        cudaEventDestroy(stop);
+    return e;
 }
 
 cudaError_t cllm_cuda_gemm(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K,
@@ -715,7 +1005,8 @@ cudaError_t cllm_cuda_gemm(const __nv_bfloat16 *w, const float *bias, int32_t N,
         return cudaErrorInvalidValue;
     if (N == 0 || n == 0)
         return cudaSuccess;
-    return launch_gemm<false>(w, bias, N, K, x, n, y, ldy, scratch, scratch_bytes, stream);
+    const gemm_call a = {w, bias, N, K, x, y, ldy, scratch, scratch_bytes, stream};
+    return launch_way<false>(way_for(N, K, n), a, n);
 }
 
 cudaError_t cllm_cuda_gemm_gate_up_silu(const __nv_bfloat16 *w, int32_t F, int32_t K,
@@ -727,7 +1018,8 @@ cudaError_t cllm_cuda_gemm_gate_up_silu(const __nv_bfloat16 *w, int32_t F, int32
         return cudaErrorInvalidValue;
     if (F == 0 || n == 0)
         return cudaSuccess;
-    return launch_gemm<true>(w, NULL, 2 * F, K, x, n, out, ldo, scratch, scratch_bytes, stream);
+    const gemm_call a = {w, NULL, 2 * F, K, x, out, ldo, scratch, scratch_bytes, stream};
+    return launch_way<true>(way_for(2 * F, K, n), a, n);
 }
 
 int cllm_cuda_gemm_rope_supported(const void *w, const void *x, int32_t K, int32_t n,
@@ -745,7 +1037,7 @@ cudaError_t cllm_cuda_gemm_rope_store(const __nv_bfloat16 *w, int32_t K, const _
     if (!cllm_cuda_gemm_rope_supported(w, x, K, n, r->head_dim) || r->n_head < 1 || r->n_kv < 1 ||
         ldy < N)
         return cudaErrorInvalidValue;
-    launch_skinny(w, *r, N, K, x, n, y, ldy, stream);
+    launch_skinny(way_for(N, K, n).ahead, w, *r, N, K, x, n, y, ldy, stream);
     return cudaGetLastError();
 }
 
@@ -782,6 +1074,34 @@ size_t cllm_cuda_gemm_scratch_bytes(int32_t N, int32_t K, int32_t n)
 {
     (void)N, (void)K, (void)n;
     return 0;
+}
+
+size_t cllm_cuda_gemm_tune_scratch_bytes(int32_t N, int32_t K, int32_t n_max)
+{
+    (void)N, (void)K, (void)n_max;
+    return 0;
+}
+
+cudaError_t cllm_cuda_gemm_tune(const __nv_bfloat16 *w, int32_t N, int32_t K, int paired,
+                                const __nv_bfloat16 *x, int32_t n_max, void *y, int32_t ldy,
+                                void *scratch, size_t scratch_bytes, unsigned what,
+                                cudaStream_t stream, char *report, size_t report_len)
+{
+    (void)w, (void)N, (void)K, (void)paired, (void)x, (void)n_max, (void)y, (void)ldy,
+        (void)scratch, (void)scratch_bytes, (void)what, (void)stream;
+    if (report && report_len)
+        report[0] = '\0';
+    return cudaErrorInvalidValue;
+}
+
+void cllm_cuda_gemm_forget_plans(void)
+{
+}
+
+void cllm_cuda_gemm_way(int32_t N, int32_t K, int32_t n, char *out, size_t len)
+{
+    (void)N, (void)K, (void)n;
+    snprintf(out, len, "vendor BLAS");
 }
 
 cudaError_t cllm_cuda_gemm(const __nv_bfloat16 *w, const float *bias, int32_t N, int32_t K,

@@ -29,8 +29,9 @@
 
 /* The tiled kernel's block shape, W rows x tokens: "128x64" (the default, measured on an H200 in
  * session 22), "256x64" or "128x128" (warps of 64 x 32 rather than 32 x 32: more MMAs per
- * shared-memory load; not yet measured on a GPU). One choice per process, made before the
- * first GEMM (the backend takes CLLM_GEMM_TILE); the bits are the same whichever runs.
+ * shared-memory load; not yet measured on a GPU), for the steps no tuned plan (below) covers
+ * (the backend takes CLLM_GEMM_TILE, which also keeps tuning to it); the bits are the same
+ * whichever runs.
  * cudaErrorInvalidValue for an unknown name, or the runtime's error raising the shared-memory
  * limit. */
 cudaError_t cllm_cuda_gemm_use_tiling(const char *name);
@@ -40,6 +41,35 @@ const char *cllm_cuda_gemm_tiling(void);
  * skinny kernel requests W a group of chunks ahead -- 1 always, -1 never, 0 (the default) in
  * blocks of 4 slices or more. Same bits either way. */
 void cllm_cuda_gemm_force_ahead(int mode);
+
+/* Start-up tuning. Each GEMM may run several ways -- the tiled kernel's block shape, its slices
+ * in series or in parallel blocks, the skinny kernel's W prefetch -- that compute the same
+ * bits (the formula above fixes every sum) at speeds that depend on the GPU, the weight's
+ * shape and the step's size. cllm_cuda_gemm_tune times them for one weight [N][K] on the
+ * device, for step sizes from 1 up to n_max in buckets (1-8, 9-16, 17-32 tokens: the skinny
+ * kernel's tiles; then 33-64, 65-128, ... powers of two), and keeps the fastest per bucket
+ * for every later GEMM of that shape (cllm_cuda_gemm, _gate_up_silu, _rope_store) in this
+ * process; untuned shapes and buckets run the default way (the process's tiling, parallel
+ * slices when the tiles leave SMs idle, prefetch in blocks of 4+ slices). `what` says which
+ * choices are open: */
+#define CLLM_CUDA_GEMM_TUNE_TILING 1u /* the tiled kernel's shape (else the process's tiling) */
+#define CLLM_CUDA_GEMM_TUNE_AHEAD 2u  /* the skinny prefetch (else the default rule) */
+/* Whether slices run in parallel is always open. x [n_max][K] and y ([n_max][ldy] F32, or
+ * paired: the stacked [gate | up] weight, N = 2F, and y the BF16 [n_max][ldy >= F] output)
+ * are overwritten; scratch (scratch_bytes, may be short of
+ * cllm_cuda_gemm_tune_scratch_bytes: parallel ways it cannot hold are not timed) too. Must not
+ * be called while the stream is being recorded. report (may be NULL) gets one line: each
+ * bucket's winner, its time per GEMM and the default way's. */
+cudaError_t cllm_cuda_gemm_tune(const __nv_bfloat16 *w, int32_t N, int32_t K, int paired,
+                                const __nv_bfloat16 *x, int32_t n_max, void *y, int32_t ldy,
+                                void *scratch, size_t scratch_bytes, unsigned what,
+                                cudaStream_t stream, char *report, size_t report_len);
+size_t cllm_cuda_gemm_tune_scratch_bytes(int32_t N, int32_t K, int32_t n_max);
+/* Drops every tuned way (tests: back to the defaults). */
+void cllm_cuda_gemm_forget_plans(void);
+/* The way a GEMM of this shape runs a step of n tokens, in words ("ahead", "not ahead",
+ * "128x64", "256x64 parallel"): for logs and tests. */
+void cllm_cuda_gemm_way(int32_t N, int32_t K, int32_t n, char *out, size_t len);
 
 /* K slices of a weight [N][K] (>= 1): enough warps to keep the memory system busy when one
  * token streams W, never slices shorter than 4 chunks. */

@@ -93,9 +93,11 @@ struct dim3 {
     dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 /* `pdl`: launched for programmatic dependent launch (vendor.h's cllm_launch): until the
- * kernel's emu_pdl_wait it is not ordered after the kernel before it in the stream. */
-void emu_launch(std::function<void()> body, dim3 grid, dim3 block, size_t smem = 0, cudaStream_t s = 0,
-                bool pdl = false);
+ * kernel's emu_pdl_wait it is not ordered after the kernel before it in the stream. `func`:
+ * the kernel, whose own shared-memory limit (cudaFuncSetAttribute) the launch is held to, as
+ * CUDA's are; NULL (<<<>>> launches) holds it to the limit set last, whichever kernel's. */
+void emu_launch(std::function<void()> body, dim3 grid, dim3 block, size_t smem = 0,
+                cudaStream_t s = 0, bool pdl = false, const void *func = NULL);
 void emu_pdl_wait(void);
 /* Device work on a stream that is not a kernel (the emulated BLAS): now, or at the replay of
  * the graph being captured; under TSan on the stream's own fiber, ordered as a kernel would be. */

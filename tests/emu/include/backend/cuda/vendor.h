@@ -74,7 +74,8 @@ template <class... KArgs, class... Args>
 static cudaError_t cllm_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
                                cudaStream_t stream, Args... args)
 {
-    emu_launch([=] { kernel(static_cast<KArgs>(args)...); }, grid, block, smem, stream, true);
+    emu_launch([=] { kernel(static_cast<KArgs>(args)...); }, grid, block, smem, stream, true,
+               (const void *)kernel);
     return cudaSuccess;
 }
 
