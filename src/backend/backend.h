@@ -229,12 +229,14 @@ struct cllm_backend_iface {
     int32_t (*host_threads)(struct cllm_backend *be);
     void (*host_run)(struct cllm_backend *be, void (*fn)(void *ctx, int ith, int nth), void *ctx);
     /* Optional (NULL: nothing to choose): times the ways the backend has of computing a matmul
-     * of w's shape -- all of them the same bits -- for steps of 1 to n_max tokens, and keeps
-     * the fastest for each step size for every later matmul of that shape (gate_up_silu: as
-     * matmul_gate_up_silu computes it, y then act_dtype [n][w rows / 2]). x [n_max][K]
-     * act_dtype and y [n_max][ldy] are overwritten. Not while recording. */
-    enum cllm_status (*tune_matmul)(struct cllm_backend *be, const struct cllm_weight *w,
-                                    const void *x, int32_t n_max, void *y, int32_t ldy,
+     * of the shape of w[0..n_w) (one projection's weights, a layer's each, all of one shape,
+     * used in turn as a step uses them) -- all of the ways the same bits -- for steps of 1 to
+     * n_max tokens, and keeps the fastest for each step size for every later matmul of that
+     * shape (gate_up_silu: as matmul_gate_up_silu computes it, y then act_dtype
+     * [n][rows / 2]). x [n_max][K] act_dtype and y [n_max][ldy] are overwritten. Not while
+     * recording. */
+    enum cllm_status (*tune_matmul)(struct cllm_backend *be, const struct cllm_weight *const *w,
+                                    int32_t n_w, const void *x, int32_t n_max, void *y, int32_t ldy,
                                     bool gate_up_silu);
 };
 

@@ -15,6 +15,8 @@
 #include "model/model.h"
 
 #include <math.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,9 +142,9 @@ static enum cllm_status alloc_rows(struct cllm_model *m, void *p, int64_t rows, 
 }
 
 /* Lets the backend time its ways of computing each matmul shape of the model -- the same bits
- * whichever it picks (backend.h) -- before the first step; layer 0's weights stand for every
- * layer's. The activation buffers serve as operands: inputs zeroed first, so that the timed
- * kernels read numbers rather than whatever the allocations held. */
+ * whichever it picks (backend.h) -- before the first step, on each projection's weights of
+ * every layer in turn. The activation buffers serve as operands: inputs zeroed first, so that
+ * the timed kernels read numbers rather than whatever the allocations held. */
 static enum cllm_status tune_matmuls(struct cllm_model *m)
 {
     struct cllm_backend *b = m->be;
@@ -150,7 +152,6 @@ static enum cllm_status tune_matmuls(struct cllm_model *m)
     const struct cllm_hparams *hp = &m->hp;
     if (!be->tune_matmul || hp->n_layer < 1)
         return CLLM_OK;
-    const struct layer *L = &m->layers[0];
     const int32_t T = m->max_tokens, O = m->max_outputs, E = hp->n_embd, F = hp->n_ff;
     const int32_t Q = hp->n_head * hp->head_dim;
     const int32_t QKV = Q + 2 * hp->n_head_kv * hp->head_dim;
@@ -161,28 +162,44 @@ static enum cllm_status tune_matmuls(struct cllm_model *m)
         (st = be->memzero(b, m->ff, (size_t)T * F * act)) ||
         (st = be->memzero(b, m->out_n, (size_t)O * E * act)))
         return st;
-    const bool gu_stacked = L->gate_up.stacked.host != NULL;
+    const struct layer *L0 = &m->layers[0];
+    const bool gu_stacked = L0->gate_up.stacked.host != NULL;
     const bool gu_silu = gu_stacked && be->matmul_gate_up_silu;
     const struct {
-        const struct cllm_weight *w; /* NULL: not one matmul in this model */
+        size_t at; /* the weight's offset in struct layer; SIZE_MAX: the LM head */
+        bool used; /* false: not one matmul in this model */
         const void *x;
         int32_t n_max;
         void *y;
         int32_t ldy;
         bool silu;
     } shapes[] = {
-        {L->qkv.stacked.host ? &L->qkv.stacked : NULL, m->xn, T, m->qkv, QKV, false},
-        {&L->wo, m->attn, T, m->ffo, E, false},
-        {gu_stacked ? &L->gate_up.stacked : NULL, m->xn, T, gu_silu ? m->ff : (void *)m->gate_up,
-         gu_silu ? F : 2 * F, gu_silu},
-        {&L->w_down, m->ff, T, m->ffo, E, false},
-        {&m->output, m->out_n, O, m->logits_dev, hp->n_vocab, false},
+        {offsetof(struct layer, qkv.stacked), L0->qkv.stacked.host != NULL, m->xn, T, m->qkv, QKV,
+         false},
+        {offsetof(struct layer, wo), true, m->attn, T, m->ffo, E, false},
+        {offsetof(struct layer, gate_up.stacked), gu_stacked, m->xn, T,
+         gu_silu ? m->ff : (void *)m->gate_up, gu_silu ? F : 2 * F, gu_silu},
+        {offsetof(struct layer, w_down), true, m->ff, T, m->ffo, E, false},
+        {SIZE_MAX, true, m->out_n, O, m->logits_dev, hp->n_vocab, false},
     };
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        if (shapes[i].w && (st = be->tune_matmul(b, shapes[i].w, shapes[i].x, shapes[i].n_max,
-                                                 shapes[i].y, shapes[i].ldy, shapes[i].silu)))
-            return st;
-    return CLLM_OK;
+    const struct cllm_weight **ws = malloc((size_t)hp->n_layer * sizeof *ws);
+    if (!ws)
+        return CLLM_ERR_NOMEM;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0] && st == CLLM_OK; i++) {
+        if (!shapes[i].used)
+            continue;
+        int32_t n_w = 1;
+        if (shapes[i].at == SIZE_MAX)
+            ws[0] = &m->output;
+        else
+            for (n_w = 0; n_w < hp->n_layer; n_w++)
+                ws[n_w] =
+                    (const struct cllm_weight *)((const char *)&m->layers[n_w] + shapes[i].at);
+        st = be->tune_matmul(b, ws, n_w, shapes[i].x, shapes[i].n_max, shapes[i].y, shapes[i].ldy,
+                             shapes[i].silu);
+    }
+    free(ws);
+    return st;
 }
 
 enum cllm_status cllm_model_init(struct cllm_model **out, const struct cllm_model_files *mf,

@@ -520,10 +520,12 @@ static void test_gemm_tune(int32_t N, int32_t K, int32_t n_max, bool paired)
 {
     printf("gemm tuning N=%d K=%d n<=%d paired=%d slices=%d\n", N, K, n_max, paired,
            cllm_cuda_gemm_slices(N, K));
-    std::vector<__nv_bfloat16> w((size_t)N * K), x((size_t)n_max * K);
+    std::vector<__nv_bfloat16> w((size_t)N * K), w2((size_t)N * K), x((size_t)n_max * K);
     std::vector<float> wf = randv((int64_t)w.size(), 1.0f), xf = randv((int64_t)x.size(), 2.0f);
-    for (size_t i = 0; i < w.size(); i++)
+    for (size_t i = 0; i < w.size(); i++) {
         w[i].__x = cllm_f32_to_bf16(wf[i]);
+        w2[i].__x = cllm_f32_to_bf16(-wf[i]);
+    }
     for (size_t i = 0; i < x.size(); i++)
         x[i].__x = cllm_f32_to_bf16(xf[i]);
     const int32_t sizes[] = {1, 12, 32, 33, n_max};
@@ -544,7 +546,8 @@ static void test_gemm_tune(int32_t N, int32_t K, int32_t n_max, bool paired)
             CHECKF(scratch.size() > 1, "gemm tuning N=%d K=%d: no scratch for the parallel ways", N,
                    K);
         char report[1024];
-        CHECK(cllm_cuda_gemm_tune(w.data(), N, K, paired, x.data(), n_max, y.data(),
+        const __nv_bfloat16 *ws[] = {w.data(), w2.data()}; /* two layers' weights, in turn */
+        CHECK(cllm_cuda_gemm_tune(ws, 2, N, K, paired, x.data(), n_max, y.data(),
                                   paired ? N / 2 : N, scratch.data(), scratch.size() * 4, open,
                                   stream, report, sizeof report) == cudaSuccess);
         printf("  open %u: %s\n", open, report);
@@ -589,10 +592,14 @@ static void test_gemm_tune(int32_t N, int32_t K, int32_t n_max, bool paired)
     }
     /* refused operands */
     char report[8];
-    CHECK(cllm_cuda_gemm_tune(w.data(), N, K, paired, x.data(), 0, NULL, N, NULL, 0,
+    const __nv_bfloat16 *ws[] = {w.data()};
+    CHECK(cllm_cuda_gemm_tune(ws, 1, N, K, paired, x.data(), 0, NULL, N, NULL, 0,
                               CLLM_CUDA_GEMM_TUNE_TILING, 0, report,
                               sizeof report) == cudaErrorInvalidValue);
-    CHECK(cllm_cuda_gemm_tune(w.data(), 7, K, 1, x.data(), 4, NULL, 7, NULL, 0,
+    CHECK(cllm_cuda_gemm_tune(ws, 0, N, K, paired, x.data(), 4, NULL, N, NULL, 0,
+                              CLLM_CUDA_GEMM_TUNE_TILING, 0, report,
+                              sizeof report) == cudaErrorInvalidValue); /* no weights */
+    CHECK(cllm_cuda_gemm_tune(ws, 1, 7, K, 1, x.data(), 4, NULL, 7, NULL, 0,
                               CLLM_CUDA_GEMM_TUNE_TILING, 0, report,
                               sizeof report) == cudaErrorInvalidValue); /* odd paired */
     CHECK(cudaStreamDestroy(stream) == cudaSuccess);
@@ -631,7 +638,7 @@ int main(int argc, char **argv)
     }
     if (part(argc, argv, 8)) {
         /* every shape of the tiled kernel: each must give the skinny kernel's bits */
-        for (const char *tiling : {"128x64", "256x64", "128x128"}) {
+        for (const char *tiling : {"128x64", "256x64", "128x128", "256x128"}) {
             CHECK(cllm_cuda_gemm_use_tiling(tiling) == cudaSuccess);
             CHECK(strcmp(cllm_cuda_gemm_tiling(), tiling) == 0);
             printf("tiled GEMM in blocks of %s\n", tiling);
@@ -644,7 +651,7 @@ int main(int argc, char **argv)
         }
         CHECK(cllm_cuda_gemm_use_tiling("64x64") == cudaErrorInvalidValue);
         CHECK(cllm_cuda_gemm_use_tiling(NULL) == cudaErrorInvalidValue);
-        CHECK(strcmp(cllm_cuda_gemm_tiling(), "128x128") == 0); /* a refused name changes nothing */
+        CHECK(strcmp(cllm_cuda_gemm_tiling(), "256x128") == 0); /* a refused name changes nothing */
         CHECK(cllm_cuda_gemm_use_tiling("128x64") == cudaSuccess);
         test_gemm_rope_store(12, 2, 128, 264, true); /* Qwen2.5-1.5B's heads */
         test_gemm_rope_store(14, 2, 64, 520, false); /* Qwen2.5-0.5B's, several slices */

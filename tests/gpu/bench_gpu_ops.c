@@ -363,7 +363,8 @@ static void bench_gemms(void)
          * GPU log says which, beside the default way's time; CLLM_GEMM_TUNE=0: defaults) */
         if (G->tune_matmul) {
             const int32_t n_tune = shapes[s].N == VOCAB ? 192 : max_n;
-            CHECK(G->tune_matmul(gpu, &w->w, x, n_tune, y, (int32_t)out_cols, shapes[s].silu) ==
+            const struct cllm_weight *ws[] = {&w->w};
+            CHECK(G->tune_matmul(gpu, ws, 1, x, n_tune, y, (int32_t)out_cols, shapes[s].silu) ==
                   CLLM_OK);
         }
         for (size_t i = 0; i < sizeof steps / sizeof steps[0] && steps[i] <= max_n; i++) {

@@ -339,8 +339,11 @@ static void test_tune_matmul(int32_t K, int32_t F, int32_t n_max)
         return;
     const int32_t N = 2 * F, sizes[] = {1, 12, 32, 33, n_max};
     const size_t n_sizes = sizeof sizes / sizeof sizes[0];
-    struct wpair w;
+    struct wpair w, w2, other; /* two layers' weights, timed in turn; one of another shape */
     make_weight(&w, K, N, 0.05f);
+    make_weight(&w2, K, N, 0.05f);
+    make_weight(&other, K, N + 16, 0.05f);
+    const struct cllm_weight *ws[] = {&w.g, &w2.g};
     float *x = randv((int64_t)n_max * K, 1.0f);
     uint16_t *xb = malloc((size_t)n_max * K * 2);
     for (int64_t i = 0; i < (int64_t)n_max * K; i++)
@@ -352,9 +355,9 @@ static void test_tune_matmul(int32_t K, int32_t F, int32_t n_max)
     for (int pass = 0; pass < 2; pass++) {
         if (pass == 1) { /* tune both ways of using the weight, then compare */
             void *xt = dev_upload(xb, (size_t)n_max * K * 2);
-            CHECK(G->tune_matmul(gpu, &w.g, xt, n_max, y_d, N, false) == CLLM_OK);
+            CHECK(G->tune_matmul(gpu, ws, 2, xt, n_max, y_d, N, false) == CLLM_OK);
             if (G->matmul_gate_up_silu)
-                CHECK(G->tune_matmul(gpu, &w.g, xt, n_max, ff_d, F, true) == CLLM_OK);
+                CHECK(G->tune_matmul(gpu, ws, 2, xt, n_max, ff_d, F, true) == CLLM_OK);
             G->dealloc(gpu, xt);
         }
         for (size_t si = 0; si < n_sizes; si++) {
@@ -379,18 +382,21 @@ static void test_tune_matmul(int32_t K, int32_t F, int32_t n_max)
             free(y), free(ff), free(before[si]), free(ff_before[si]);
         }
     }
-    CHECK(G->tune_matmul(gpu, &w.g, x_d, 0, y_d, N, false) == CLLM_ERR_INVALID_ARG);
+    CHECK(G->tune_matmul(gpu, ws, 2, x_d, 0, y_d, N, false) == CLLM_ERR_INVALID_ARG);
+    CHECK(G->tune_matmul(gpu, ws, 0, x_d, n_max, y_d, N, false) == CLLM_ERR_INVALID_ARG);
+    const struct cllm_weight *mixed[] = {&w.g, &other.g}; /* not one shape */
+    CHECK(G->tune_matmul(gpu, mixed, 2, x_d, n_max, y_d, N, false) == CLLM_ERR_INVALID_ARG);
     if (G->graph_begin) {
         bool replayed = true;
         CHECK(G->graph_begin(gpu, 0x7e57u, &replayed) == CLLM_OK && !replayed);
-        CHECK(G->tune_matmul(gpu, &w.g, x_d, n_max, y_d, N, false) == CLLM_ERR_INVALID_ARG);
+        CHECK(G->tune_matmul(gpu, ws, 2, x_d, n_max, y_d, N, false) == CLLM_ERR_INVALID_ARG);
         CHECK(G->matmul(gpu, &w.g, NULL, x_d, 1, y_d, N) == CLLM_OK);
         CHECK(G->graph_end(gpu, 0x7e57u) == CLLM_OK);
         CHECK(G->sync(gpu) == CLLM_OK);
     }
     G->dealloc(gpu, x_d), G->dealloc(gpu, y_d), G->dealloc(gpu, ff_d);
     free(x), free(xb);
-    free_weight(&w);
+    free_weight(&w), free_weight(&w2), free_weight(&other);
 }
 
 /* The QKV projection with bias, RoPE and the KV store in its epilogue (matmul_rope_store)

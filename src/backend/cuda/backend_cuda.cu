@@ -477,36 +477,57 @@ static enum cllm_status cu_matmul_gate_up_silu(struct cllm_backend *be, const st
                       "gemm (gate/up + SiLU)");
 }
 
-/* Times our GEMM's ways for w's shape (gemm.h) and keeps the fastest per step size. The
- * parallel ways get the scratch they need if the device has it (else they are not timed); the
- * scratch is freed after, so that it is only as large as the chosen ways make it at their
- * first step. */
-static enum cllm_status cu_tune_matmul(struct cllm_backend *be, const struct cllm_weight *w,
-                                       const void *x, int32_t n_max, void *y, int32_t ldy,
-                                       bool gate_up_silu)
+#define MAX_TUNED_WEIGHTS 128 /* weights of one projection timed in turn, at most */
+
+/* Times our GEMM's ways for the shape of w[0..n_w) (gemm.h) and keeps the fastest per step
+ * size. The parallel ways get the scratch they need if the device has it (else they are not
+ * timed); the scratch is freed after, so that it is only as large as the chosen ways make it
+ * at their first step. */
+static enum cllm_status cu_tune_matmul(struct cllm_backend *be, const struct cllm_weight *const *w,
+                                       int32_t n_w, const void *x, int32_t n_max, void *y,
+                                       int32_t ldy, bool gate_up_silu)
 {
     struct cuda *c = cuda_of(be);
-    if (w->dtype != CLLM_DTYPE_BF16 || w->ne[0] > INT32_MAX || w->ne[1] > INT32_MAX || n_max < 1 ||
-        c->capturing)
+    if (n_w < 1 || n_max < 1 || c->capturing)
         return CLLM_ERR_INVALID_ARG;
-    const int32_t K = (int32_t)w->ne[0], N = (int32_t)w->ne[1];
-    if (c->cublas_only || !c->tune_what || !cllm_cuda_gemm_supported(w->data, x, K))
+    const __nv_bfloat16 *data[MAX_TUNED_WEIGHTS];
+    n_w = n_w < MAX_TUNED_WEIGHTS ? n_w : MAX_TUNED_WEIGHTS;
+    for (int32_t i = 0; i < n_w; i++) {
+        if (w[i]->dtype != CLLM_DTYPE_BF16 || w[i]->ne[0] != w[0]->ne[0] ||
+            w[i]->ne[1] != w[0]->ne[1] || w[0]->ne[0] > INT32_MAX || w[0]->ne[1] > INT32_MAX)
+            return CLLM_ERR_INVALID_ARG;
+        data[i] = (const __nv_bfloat16 *)w[i]->data;
+    }
+    const int32_t K = (int32_t)w[0]->ne[0], N = (int32_t)w[0]->ne[1];
+    bool ours = !c->cublas_only && c->tune_what;
+    for (int32_t i = 0; i < n_w && ours; i++)
+        ours = cllm_cuda_gemm_supported(data[i], x, K);
+    if (!ours)
         return CLLM_OK; /* the BLAS chooses for itself; or nothing is open */
     TRY(use_device(c));
     TRY(check_cuda(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize"));
     drop_graphs(c); /* they may point into the scratch */
-    const size_t want = cllm_cuda_gemm_tune_scratch_bytes(N, K, n_max);
-    if (want > c->gemm_scratch_size && grow_device_buffer(&c->gemm_scratch, &c->gemm_scratch_size,
-                                                          want, "cudaMalloc (GEMM tuning)"))
-        (void)cudaGetLastError(); /* short of memory: the parallel ways are not timed */
+    /* short of memory, as much as there is: the parallel ways it cannot hold are not timed */
+    for (size_t want = cllm_cuda_gemm_tune_scratch_bytes(N, K, n_max);
+         want > c->gemm_scratch_size && want >= ((size_t)1 << 20); want /= 2) {
+        cudaFree(c->gemm_scratch);
+        c->gemm_scratch = NULL;
+        c->gemm_scratch_size = 0;
+        if (cudaMalloc(&c->gemm_scratch, want) == cudaSuccess) {
+            c->gemm_scratch_size = want;
+            break;
+        }
+        c->gemm_scratch = NULL;
+        (void)cudaGetLastError();
+    }
     char report[768];
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    enum cllm_status st = check_cuda(
-        cllm_cuda_gemm_tune((const __nv_bfloat16 *)w->data, N, K, gate_up_silu,
-                            (const __nv_bfloat16 *)x, n_max, y, ldy, c->gemm_scratch,
-                            c->gemm_scratch_size, c->tune_what, c->stream, report, sizeof report),
-        "GEMM tuning");
+    enum cllm_status st =
+        check_cuda(cllm_cuda_gemm_tune(data, n_w, N, K, gate_up_silu, (const __nv_bfloat16 *)x,
+                                       n_max, y, ldy, c->gemm_scratch, c->gemm_scratch_size,
+                                       c->tune_what, c->stream, report, sizeof report),
+                   "GEMM tuning");
     clock_gettime(CLOCK_MONOTONIC, &t1);
     if (st == CLLM_OK)
         cllm_log(CLLM_LOG_INFO, "cuda: GEMM %s (tuned in %.0f ms)", report,
@@ -1058,7 +1079,8 @@ static unsigned choose_gemm_variants(void)
             open &= ~CLLM_CUDA_GEMM_TUNE_TILING;
         else if (e == cudaErrorInvalidValue)
             cllm_log(CLLM_LOG_WARN,
-                     "cuda: CLLM_GEMM_TILE=%s ignored: not one of 128x64, 256x64, 128x128", tile);
+                     "cuda: CLLM_GEMM_TILE=%s ignored: not one of 128x64, 256x64, 128x128, 256x128",
+                     tile);
         else {
             (void)cudaGetLastError();
             cllm_log(CLLM_LOG_WARN, "cuda: CLLM_GEMM_TILE=%s ignored: %s", tile,

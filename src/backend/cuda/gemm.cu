@@ -33,10 +33,15 @@
  * bits (the formula is per element). A warp's tile sets how many MMAs each shared-memory load
  * feeds: 32 x 32 (session 22's 128 x 64 blocks, ~135 TFLOP/s on an H200) issues 8 loads for
  * 16 MMAs a chunk; 64 x 32 issues 12 for 32, and half the barriers per MMA. */
-template <int WARPS_M_, int WARPS_N_, int MT_, int NT_, int STAGES_, int MIN_BLOCKS_>
+template <int WARPS_M_, int WARPS_N_, int MT_, int NT_, int STAGES_, int MIN_BLOCKS_,
+          bool ONE_SLICE_ = false>
 struct tiling {
     static constexpr int WARPS_M = WARPS_M_, WARPS_N = WARPS_N_, MT = MT_, NT = NT_;
     static constexpr int STAGES = STAGES_, MIN_BLOCKS = MIN_BLOCKS_;
+    /* A block computes one slice only (the weight has one, or the slices run in parallel
+     * blocks): no running total beside the slice's sums, which leaves the registers for warps
+     * of 64 x 64 */
+    static constexpr bool ONE_SLICE = ONE_SLICE_;
     static constexpr int WARP_M = 16 * MT, WARP_N = 8 * NT;
     static constexpr int M = WARPS_M * WARP_M; /* W rows per block */
     static constexpr int N = WARPS_N * WARP_N; /* tokens per block */
@@ -50,6 +55,9 @@ struct tiling {
 using tiling_128x64 = tiling<4, 2, 2, 4, 4, 2>;  /* 48 KiB, two blocks an SM */
 using tiling_256x64 = tiling<4, 2, 4, 4, 4, 1>;  /* 80 KiB */
 using tiling_128x128 = tiling<2, 4, 4, 4, 4, 1>; /* 64 KiB */
+/* 96 KiB. Loads per MMA are what bound the others (session 22: the 128 x 64 blocks read ~3 TB/s
+ * from L2 at 135 TFLOP/s, 21 multiply-adds per byte); 256 x 128 blocks do 43. */
+using tiling_256x128 = tiling<4, 2, 4, 8, 4, 1, true>;
 
 int32_t cllm_cuda_gemm_slices(int32_t N, int32_t K)
 {
@@ -64,13 +72,16 @@ int32_t cllm_cuda_gemm_slices(int32_t N, int32_t K)
 
 /* The tiled kernel's shapes by name (the tiling structs below, for the host), and the one a
  * step takes where no tuned plan says otherwise (below). */
-enum { TILING_128X64, TILING_256X64, TILING_128X128, N_TILINGS };
+enum { TILING_128X64, TILING_256X64, TILING_128X128, TILING_256X128, N_TILINGS };
 struct tiling_shape {
     const char *name;
     int m, n, min_blocks;
+    bool one_slice; /* only for blocks of one slice: else the step runs in 128x64 blocks */
 };
-static const struct tiling_shape tilings[N_TILINGS] = {
-    {"128x64", 128, 64, 2}, {"256x64", 256, 64, 1}, {"128x128", 128, 128, 1}};
+static const struct tiling_shape tilings[N_TILINGS] = {{"128x64", 128, 64, 2, false},
+                                                       {"256x64", 256, 64, 1, false},
+                                                       {"128x128", 128, 128, 1, false},
+                                                       {"256x128", 256, 128, 1, true}};
 static int current_tiling = TILING_128X64;
 /* The skinny kernel's W prefetch: 0 by its slices (AHEAD_MIN_SLICES), 1 always, -1 never. */
 static int skinny_ahead = 0;
@@ -567,12 +578,19 @@ static __global__ void __launch_bounds__(T::THREADS, T::MIN_BLOCKS)
         else
             src[i] = tok0 + r - T::M < n ? tok0 + r - T::M : -1;
     }
-    float acc[MT][NT][4], total[MT][NT][4];
+    /* ONE_SLICE: acc is the block's one slice; total is not used (and not allocated) */
+    constexpr int TM = T::ONE_SLICE ? 1 : MT, TN = T::ONE_SLICE ? 1 : NT;
+    float acc[MT][NT][4], total[TM][TN][4];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
         for (int nt = 0; nt < NT; nt++)
             for (int e = 0; e < 4; e++)
-                acc[mt][nt][e] = total[mt][nt][e] = 0.0f;
+                acc[mt][nt][e] = 0.0f;
+#pragma unroll
+    for (int mt = 0; mt < TM; mt++)
+        for (int nt = 0; nt < TN; nt++)
+            for (int e = 0; e < 4; e++)
+                total[mt][nt][e] = 0.0f;
 
     /* chunks [c_begin, c_end): all of K, or slice blockIdx.z alone */
     int32_t s = partials ? (int32_t)blockIdx.z : 0;
@@ -616,39 +634,49 @@ static __global__ void __launch_bounds__(T::THREADS, T::MIN_BLOCKS)
             for (int nt = 0; nt < NT; nt++)
                 mma_chunk(acc[mt][nt], vl, vh, vx[nt]);
         }
-        if (c + 1 == slice_end) {
+        if constexpr (!T::ONE_SLICE) {
+            if (c + 1 == slice_end) {
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-                for (int nt = 0; nt < NT; nt++)
-                    for (int e = 0; e < 4; e++) {
-                        total[mt][nt][e] =
-                            first ? acc[mt][nt][e] : total[mt][nt][e] + acc[mt][nt][e];
-                        acc[mt][nt][e] = 0.0f;
-                    }
-            first = false;
-            s++;
-            slice_end = slice_start(s + 1, chunks, S);
+                for (int mt = 0; mt < MT; mt++)
+                    for (int nt = 0; nt < NT; nt++)
+                        for (int e = 0; e < 4; e++) {
+                            total[mt][nt][e] =
+                                first ? acc[mt][nt][e] : total[mt][nt][e] + acc[mt][nt][e];
+                            acc[mt][nt][e] = 0.0f;
+                        }
+                first = false;
+                s++;
+                slice_end = slice_start(s + 1, chunks, S);
+            }
         }
     }
+    (void)first, (void)slice_end;
     cllm_cp_async_wait<0>(); /* no copy may outlive the block (the empty groups aside) */
+    /* fully unrolled: an index the compiler cannot resolve would put acc in local memory */
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
+#pragma unroll
         for (int nt = 0; nt < NT; nt++)
+#pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int r = wm * T::WARP_M + mt * 16 + acc_row(lane, e);
                 const int32_t row = tile_w_row<T, PAIRED>(row0, r, N);
                 const int32_t tok = tok0 + wn * T::WARP_N + nt * 8 + acc_tok(lane, e);
                 if (row < 0 || tok >= n)
                     continue;
+                float v, up;
+                if constexpr (T::ONE_SLICE)
+                    v = acc[mt][nt][e], up = acc[mt][nt][e | 2];
+                else
+                    v = total[mt][nt][e], up = total[mt][nt][e | 2];
                 if (partials)
-                    partials[((int64_t)blockIdx.z * n + tok) * N + row] = total[mt][nt][e];
+                    partials[((int64_t)blockIdx.z * n + tok) * N + row] = v;
                 else if (PAIRED) {
                     if (e < 2) /* row: feature row's gate; element e + 2 its up */
                         ((__nv_bfloat16 *)y)[(int64_t)tok * ldy + row] =
-                            cllm_cuda_silu_mul_one(total[mt][nt][e], total[mt][nt][e + 2]);
+                            cllm_cuda_silu_mul_one(v, up);
                 } else
-                    ((float *)y)[(int64_t)tok * ldy + row] =
-                        bias ? total[mt][nt][e] + bias[row] : total[mt][nt][e];
+                    ((float *)y)[(int64_t)tok * ldy + row] = bias ? v + bias[row] : v;
             }
 }
 
@@ -758,6 +786,8 @@ static cudaError_t prepare_tiling(int id)
         return allow_ring<tiling_256x64>();
     if (id == TILING_128X128)
         return allow_ring<tiling_128x128>();
+    if (id == TILING_256X128)
+        return allow_ring<tiling_256x128>();
     return allow_ring<tiling_128x64>();
 }
 
@@ -794,10 +824,16 @@ static cudaError_t launch_way(const gemm_way &way, const gemm_call &a, int32_t n
     const bool parallel =
         runs_parallel(way, N, K, n) && a.scratch && a.scratch_bytes >= parallel_scratch(N, K, n);
     float *partials = parallel ? (float *)a.scratch : NULL;
-    if (way.tiling == TILING_256X64)
+    /* a shape for blocks of one slice takes only steps whose blocks are (same bits) */
+    const int tiling =
+        tilings[way.tiling].one_slice && S > 1 && !parallel ? (int)TILING_128X64 : way.tiling;
+    if (tiling == TILING_256X128)
+        launch_tiled<tiling_256x128, PAIRED>(a.w, a.bias, N, K, a.x, n, a.y, a.ldy, S, partials,
+                                             a.stream);
+    else if (tiling == TILING_256X64)
         launch_tiled<tiling_256x64, PAIRED>(a.w, a.bias, N, K, a.x, n, a.y, a.ldy, S, partials,
                                             a.stream);
-    else if (way.tiling == TILING_128X128)
+    else if (tiling == TILING_128X128)
         launch_tiled<tiling_128x128, PAIRED>(a.w, a.bias, N, K, a.x, n, a.y, a.ldy, S, partials,
                                              a.stream);
     else
@@ -853,7 +889,12 @@ static int ways_to_time(int32_t N, int32_t K, int32_t n, unsigned what, size_t s
             continue;
         }
         for (int parallel = 0; parallel < 2; parallel++) {
-            if (parallel && !(sliced && tiles_of(t, N, n) < 256 * tilings[t].min_blocks &&
+            /* a shape for blocks of one slice: in series only where there is one slice, in
+             * parallel however many tiles there are (its blocks are too few otherwise) */
+            const bool one = tilings[t].one_slice;
+            if (!parallel && one && sliced)
+                continue;
+            if (parallel && !(sliced && (one || tiles_of(t, N, n) < 256 * tilings[t].min_blocks) &&
                               scratch_bytes >= parallel_scratch(N, K, n)))
                 continue;
             if (t == base.tiling && (parallel != 0) == (base.parallel && sliced))
@@ -879,18 +920,23 @@ size_t cllm_cuda_gemm_tune_scratch_bytes(int32_t N, int32_t K, int32_t n_max)
     return need;
 }
 
-/* Times one way as the engine runs it: `reps` launches recorded as one graph, replayed three
- * times; the faster of the last two, per launch. */
-static cudaError_t time_way(bool paired, const gemm_way &way, const gemm_call &a, int32_t n,
-                            int reps, cudaEvent_t start, cudaEvent_t stop, float *us)
+/* Times one way as the engine runs it: `reps` launches recorded as one graph, the weights in
+ * turn (as the layers follow each other: from HBM, not from the L2 the launch before filled),
+ * replayed three times; the faster of the last two, per launch. */
+static cudaError_t time_way(bool paired, const gemm_way &way, const gemm_call &a,
+                            const __nv_bfloat16 *const *w, int32_t n_w, int32_t n, int reps,
+                            cudaEvent_t start, cudaEvent_t stop, float *us)
 {
     cudaGraph_t graph = NULL;
     cudaGraphExec_t exec = NULL;
     cudaError_t e = cudaStreamBeginCapture(a.stream, cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess)
         return e;
-    for (int r = 0; r < reps && e == cudaSuccess; r++)
-        e = launch_call(paired, way, a, n);
+    for (int r = 0; r < reps && e == cudaSuccess; r++) {
+        gemm_call ar = a;
+        ar.w = w[r % n_w];
+        e = launch_call(paired, way, ar, n);
+    }
     const cudaError_t ended = cudaStreamEndCapture(a.stream, &graph);
     if (e == cudaSuccess)
         e = ended;
@@ -922,8 +968,11 @@ static int describe_way(char *out, size_t len, int32_t N, int32_t K, int32_t n, 
 {
     if (n <= CLLM_CUDA_GEMM_SKINNY_MAX)
         return snprintf(out, len, "%s", w.ahead ? "ahead" : "not ahead");
-    return snprintf(out, len, "%s%s", tilings[w.tiling].name,
-                    runs_parallel(w, N, K, n) ? " parallel" : "");
+    const bool parallel = runs_parallel(w, N, K, n);
+    const bool fallback =
+        tilings[w.tiling].one_slice && cllm_cuda_gemm_slices(N, K) > 1 && !parallel;
+    return snprintf(out, len, "%s%s", tilings[fallback ? TILING_128X64 : w.tiling].name,
+                    parallel ? " parallel" : "");
 }
 
 void cllm_cuda_gemm_way(int32_t N, int32_t K, int32_t n, char *out, size_t len)
@@ -944,17 +993,19 @@ static void report_add(char *report, size_t len, size_t *at, const char *fmt, ..
         *at = *at + (size_t)k < len ? *at + (size_t)k : len;
 }
 
-cudaError_t cllm_cuda_gemm_tune(const __nv_bfloat16 *w, int32_t N, int32_t K, int paired,
-                                const __nv_bfloat16 *x, int32_t n_max, void *y, int32_t ldy,
-                                void *scratch, size_t scratch_bytes, unsigned what,
+cudaError_t cllm_cuda_gemm_tune(const __nv_bfloat16 *const *w, int32_t n_w, int32_t N, int32_t K,
+                                int paired, const __nv_bfloat16 *x, int32_t n_max, void *y,
+                                int32_t ldy, void *scratch, size_t scratch_bytes, unsigned what,
                                 cudaStream_t stream, char *report, size_t report_len)
 {
     if (report && report_len)
         report[0] = '\0';
-    if (N < 1 || n_max < 1 || (paired && N % 2) || ldy < (paired ? N / 2 : N) ||
-        !cllm_cuda_gemm_supported(w, x, K))
+    if (N < 1 || n_max < 1 || n_w < 1 || (paired && N % 2) || ldy < (paired ? N / 2 : N))
         return cudaErrorInvalidValue;
-    const gemm_call a = {w, NULL, N, K, x, y, ldy, scratch, scratch_bytes, stream};
+    for (int32_t i = 0; i < n_w; i++)
+        if (!cllm_cuda_gemm_supported(w[i], x, K))
+            return cudaErrorInvalidValue;
+    const gemm_call a = {w[0], NULL, N, K, x, y, ldy, scratch, scratch_bytes, stream};
     cudaEvent_t start = NULL, stop = NULL;
     cudaError_t e = cudaEventCreate(&start);
     if (e == cudaSuccess)
@@ -966,13 +1017,16 @@ cudaError_t cllm_cuda_gemm_tune(const __nv_bfloat16 *w, int32_t N, int32_t K, in
         gemm_way ways[2 * N_TILINGS + 1];
         const int count = ways_to_time(N, K, n, what, scratch_bytes, ways);
         /* enough launches a graph (~20 us at least on an H200) that the gaps between the
-         * kernels of a recorded step are in the time, and the graph's own start is not */
-        const int reps = n <= CLLM_CUDA_GEMM_SKINNY_MAX ? 8 : n <= 256 ? 2 : 1;
+         * kernels of a recorded step are in the time, and the graph's own start is not; every
+         * weight once in decode steps, whose time is the weights' stream */
+        int reps = n <= CLLM_CUDA_GEMM_SKINNY_MAX ? 8 : n <= 256 ? 2 : 1;
+        const int32_t distinct = n <= CLLM_CUDA_GEMM_SKINNY_MAX ? n_w : n_w < 4 ? n_w : 4;
+        reps = reps > distinct ? reps : (int)distinct;
         float best = INFINITY, first = INFINITY;
         int won = 0;
         for (int i = 0; i < count && count > 1 && e == cudaSuccess; i++) {
             float us;
-            e = time_way(paired != 0, ways[i], a, n, reps, start, stop, &us);
+            e = time_way(paired != 0, ways[i], a, w, n_w, n, reps, start, stop, &us);
             if (i == 0)
                 first = us; /* ways[0] is the default way */
             if (e == cudaSuccess && us < best)
@@ -1082,12 +1136,12 @@ size_t cllm_cuda_gemm_tune_scratch_bytes(int32_t N, int32_t K, int32_t n_max)
     return 0;
 }
 
-cudaError_t cllm_cuda_gemm_tune(const __nv_bfloat16 *w, int32_t N, int32_t K, int paired,
-                                const __nv_bfloat16 *x, int32_t n_max, void *y, int32_t ldy,
-                                void *scratch, size_t scratch_bytes, unsigned what,
+cudaError_t cllm_cuda_gemm_tune(const __nv_bfloat16 *const *w, int32_t n_w, int32_t N, int32_t K,
+                                int paired, const __nv_bfloat16 *x, int32_t n_max, void *y,
+                                int32_t ldy, void *scratch, size_t scratch_bytes, unsigned what,
                                 cudaStream_t stream, char *report, size_t report_len)
 {
-    (void)w, (void)N, (void)K, (void)paired, (void)x, (void)n_max, (void)y, (void)ldy,
+    (void)w, (void)n_w, (void)N, (void)K, (void)paired, (void)x, (void)n_max, (void)y, (void)ldy,
         (void)scratch, (void)scratch_bytes, (void)what, (void)stream;
     if (report && report_len)
         report[0] = '\0';

@@ -12,9 +12,9 @@
  *
  * Two kernels implement that one formula: a "skinny" one for decode steps (n <= 32; one warp
  * per 16 rows x slice, streaming W with 16-byte loads, slices reduced in shared memory) and a
- * tiled one for larger steps (128 rows x 64 tokens per block, or another shape of
- * cllm_cuda_gemm_use_tiling, through shared memory; slices one after the other in the block, or
- * in parallel blocks summed by a second kernel in order).
+ * tiled one for larger steps (128 rows x 64 tokens per block, or another shape: below, through
+ * shared memory; slices one after the other in the block, or in parallel blocks summed by a
+ * second kernel in order).
  */
 #ifndef CLLM_BACKEND_CUDA_GEMM_H
 #define CLLM_BACKEND_CUDA_GEMM_H
@@ -29,9 +29,11 @@
 
 /* The tiled kernel's block shape, W rows x tokens: "128x64" (the default, measured on an H200 in
  * session 22), "256x64" or "128x128" (warps of 64 x 32 rather than 32 x 32: more MMAs per
- * shared-memory load; not yet measured on a GPU), for the steps no tuned plan (below) covers
- * (the backend takes CLLM_GEMM_TILE, which also keeps tuning to it); the bits are the same
- * whichever runs.
+ * shared-memory load), "256x128" (warps of 64 x 64, twice the multiply-adds per byte loaded of
+ * 128x64; for blocks that compute one slice: a weight of one slice, or slices in parallel
+ * blocks -- other steps run in 128x64 blocks); none but 128x64 measured on a GPU yet. For the
+ * steps no tuned plan (below) covers (the backend takes CLLM_GEMM_TILE, which also keeps
+ * tuning to it); the bits are the same whichever runs.
  * cudaErrorInvalidValue for an unknown name, or the runtime's error raising the shared-memory
  * limit. */
 cudaError_t cllm_cuda_gemm_use_tiling(const char *name);
@@ -45,8 +47,10 @@ void cllm_cuda_gemm_force_ahead(int mode);
 /* Start-up tuning. Each GEMM may run several ways -- the tiled kernel's block shape, its slices
  * in series or in parallel blocks, the skinny kernel's W prefetch -- that compute the same
  * bits (the formula above fixes every sum) at speeds that depend on the GPU, the weight's
- * shape and the step's size. cllm_cuda_gemm_tune times them for one weight [N][K] on the
- * device, for step sizes from 1 up to n_max in buckets (1-8, 9-16, 17-32 tokens: the skinny
+ * shape and the step's size. cllm_cuda_gemm_tune times them for weights [N][K] on the device
+ * (w[0..n_w): the layers' weights of one projection, used in turn as a step uses them, so
+ * that each launch streams its weight from memory rather than from L2), for step sizes from
+ * 1 up to n_max in buckets (1-8, 9-16, 17-32 tokens: the skinny
  * kernel's tiles; then 33-64, 65-128, ... powers of two), and keeps the fastest per bucket
  * for every later GEMM of that shape (cllm_cuda_gemm, _gate_up_silu, _rope_store) in this
  * process; untuned shapes and buckets run the default way (the process's tiling, parallel
@@ -60,9 +64,9 @@ void cllm_cuda_gemm_force_ahead(int mode);
  * cllm_cuda_gemm_tune_scratch_bytes: parallel ways it cannot hold are not timed) too. Must not
  * be called while the stream is being recorded. report (may be NULL) gets one line: each
  * bucket's winner, its time per GEMM and the default way's. */
-cudaError_t cllm_cuda_gemm_tune(const __nv_bfloat16 *w, int32_t N, int32_t K, int paired,
-                                const __nv_bfloat16 *x, int32_t n_max, void *y, int32_t ldy,
-                                void *scratch, size_t scratch_bytes, unsigned what,
+cudaError_t cllm_cuda_gemm_tune(const __nv_bfloat16 *const *w, int32_t n_w, int32_t N, int32_t K,
+                                int paired, const __nv_bfloat16 *x, int32_t n_max, void *y,
+                                int32_t ldy, void *scratch, size_t scratch_bytes, unsigned what,
                                 cudaStream_t stream, char *report, size_t report_len);
 size_t cllm_cuda_gemm_tune_scratch_bytes(int32_t N, int32_t K, int32_t n_max);
 /* Drops every tuned way (tests: back to the defaults). */
