@@ -109,6 +109,19 @@ static inline bool cllm_sample_rows_check(const struct cllm_sample_row *rows, in
     return true;
 }
 
+/* The RMSNorm before a projection, applied by the projection's op itself where the backend
+ * can (matmul_gate_up_silu, matmul_rope_store: one op less per norm): out = res + add, then
+ * the op's input rows = rmsnorm(out) * g, the bits add_rmsnorm(res, add, g, eps) would give
+ * (add NULL: rmsnorm(res) * g, out not written). res, add, out [n][dim] F32, out another
+ * buffer than res (the op still reads res while it writes out): the residual stream moves
+ * there. */
+struct cllm_norm_in {
+    const float *res, *add;
+    const struct cllm_weight *g;
+    float eps;
+    float *out;
+};
+
 struct cllm_backend_iface {
     const char *name;
     enum cllm_dtype act_dtype; /* see the top of this file */
@@ -179,19 +192,23 @@ struct cllm_backend_iface {
                                  int32_t dim, void *out);
     /* Optional (NULL: not fused): out = silu_mul(W x) for the stacked [gate | up] weight W
      * ([2 dim][K]; x [n][K] act_dtype, out [n][dim] act_dtype) -- the same bits as a matmul into
-     * an F32 [n][2 dim] buffer and silu_mul of it, in one op and without the buffer. Returns
+     * an F32 [n][2 dim] buffer and silu_mul of it, in one op and without the buffer. With norm
+     * (x then unused), x = the norm's rows (struct cllm_norm_in). Returns
      * CLLM_ERR_UNSUPPORTED, having queued nothing, for operands it cannot fuse. */
     enum cllm_status (*matmul_gate_up_silu)(struct cllm_backend *be, const struct cllm_weight *w,
-                                            const void *x, int32_t n, int32_t dim, void *out);
+                                            const void *x, int32_t n, int32_t dim, void *out,
+                                            const struct cllm_norm_in *norm);
     /* Optional (NULL: not fused): qkv = W x (x [n][K] act_dtype, n = b->n_tokens, W the stacked
      * [q | k | v] weight, no bias in the product), then qkv_rope_store(rope, b, qkv, ld, bias,
-     * n_head, n_kv, k_cache, v_cache) -- the same bits as the two ops, in one. Returns
-     * CLLM_ERR_UNSUPPORTED, having queued nothing, for steps or operands it cannot fuse. */
+     * n_head, n_kv, k_cache, v_cache) -- the same bits as the two ops, in one. With norm (x
+     * then unused), x = the norm's rows (struct cllm_norm_in). Returns CLLM_ERR_UNSUPPORTED,
+     * having queued nothing, for steps or operands it cannot fuse. */
     enum cllm_status (*matmul_rope_store)(struct cllm_backend *be, const struct cllm_weight *w,
                                           const void *x, const struct cllm_rope *rope,
                                           const struct cllm_attn_batch *b, float *qkv, int32_t ld,
                                           const struct cllm_weight *bias, int32_t n_head,
-                                          int32_t n_kv, void *k_cache, void *v_cache);
+                                          int32_t n_kv, void *k_cache, void *v_cache,
+                                          const struct cllm_norm_in *norm);
     /* out[i] = x[idx[i]] for F32 rows of dim. */
     enum cllm_status (*gather_rows)(struct cllm_backend *be, const float *x, const int32_t *idx,
                                     int32_t n_idx, int32_t dim, float *out);

@@ -52,7 +52,7 @@ struct cllm_model {
     struct layer *layers;
     int32_t max_tokens, max_outputs;
     /* activations (device), sized for max_tokens rows; F32 unless noted */
-    float *x, *qkv, *gate_up, *ffo;
+    float *x, *x_alt, *qkv, *gate_up, *ffo; /* x_alt: see issue_ops */
     void *xn, *attn, *ff;   /* act_dtype */
     float *out_x, *out_ffo; /* [max_outputs][n_embd] */
     void *out_n;            /* act_dtype */
@@ -78,6 +78,7 @@ struct cllm_model {
     int32_t *pad_i32;
     size_t pad_i32_cap;
     bool graphs_off; /* CLLM_NO_GRAPHS, or a recording failed */
+    bool norms_apart; /* CLLM_NORMS_APART: never a norm in a projection (struct cllm_norm_in) */
 };
 
 static enum cllm_status load(struct cllm_model *m, const struct cllm_model_files *mf,
@@ -228,6 +229,9 @@ enum cllm_status cllm_model_init(struct cllm_model **out, const struct cllm_mode
     m->max_outputs = max_outputs;
     const char *no_graphs = getenv("CLLM_NO_GRAPHS");
     m->graphs_off = !be->iface->graph_begin || (no_graphs && no_graphs[0] && no_graphs[0] != '0');
+    /* for comparisons (tests, benchmarks): every norm its own op */
+    const char *apart = getenv("CLLM_NORMS_APART");
+    m->norms_apart = apart && apart[0] && apart[0] != '0';
     const struct cllm_hparams *hp = &m->hp;
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->layers) {
@@ -273,7 +277,12 @@ enum cllm_status cllm_model_init(struct cllm_model **out, const struct cllm_mode
     int64_t T = max_tokens, O = max_outputs, E = hp->n_embd, F = hp->n_ff;
     int64_t Q = (int64_t)hp->n_head * hp->head_dim, KV = (int64_t)hp->n_head_kv * hp->head_dim;
     const size_t f32 = sizeof(float);
-    if ((st = alloc_rows(m, &m->x, T, E, f32)) || (st = alloc_rows(m, &m->xn, T, E, act)) ||
+    /* the residual's second buffer: for backends whose projections can apply their norm */
+    const bool own_norms =
+        !m->norms_apart && (be->iface->matmul_rope_store || be->iface->matmul_gate_up_silu);
+    if ((st = alloc_rows(m, &m->x, T, E, f32)) ||
+        (own_norms && (st = alloc_rows(m, &m->x_alt, T, E, f32))) ||
+        (st = alloc_rows(m, &m->xn, T, E, act)) ||
         (st = alloc_rows(m, &m->qkv, T, Q + 2 * KV, f32)) ||
         (st = alloc_rows(m, &m->attn, T, Q, act)) ||
         (st = alloc_rows(m, &m->gate_up, T, 2 * F, f32)) ||
@@ -340,9 +349,9 @@ void cllm_model_free(struct cllm_model *m)
         be->weight_free(m->be, &m->output);
     be->weight_free(m->be, &m->tok_embd);
     be->weight_free(m->be, &m->output_norm);
-    void *bufs[] = {m->x,          m->xn,       m->qkv,         m->attn,    m->gate_up,
-                    m->ff,         m->ffo,      m->out_x,       m->out_ffo, m->out_n,
-                    m->logits_dev, m->step_i32, m->attn_scratch};
+    void *bufs[] = {m->x,       m->x_alt,      m->xn,       m->qkv,         m->attn,
+                    m->gate_up, m->ff,         m->ffo,      m->out_x,       m->out_ffo,
+                    m->out_n,   m->logits_dev, m->step_i32, m->attn_scratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             be->dealloc(m->be, bufs[i]);
@@ -546,15 +555,53 @@ static enum cllm_status upload_step(struct cllm_model *m, const struct cllm_step
 static enum cllm_status project(struct cllm_model *m, const struct proj *p, const void *x,
                                 int32_t n, float *y, int32_t ldy);
 
-/* ffo = W_down silu_mul(W_gate_up xn): the gate/up product and SiLU in one op where the backend
- * fuses them (no F32 gate_up buffer between), else the product, then SiLU. */
-static enum cllm_status feed_forward(struct cllm_model *m, const struct layer *L, int32_t n)
+/* Where a step's residual stream is (res) and the buffer a norm applied by a projection moves
+ * it to (spare). */
+struct stream {
+    float *res, *spare;
+};
+
+/* The norm before a projection, by the projection's op where the backend applies it itself
+ * (fused_st: what that op returned; CLLM_OK: one op less, and the stream has moved to
+ * rs->spare if there was a residual to add), else rmsnorm / add_rmsnorm into xn first (the
+ * stream stays where it is). */
+static enum cllm_status norm_first(struct cllm_model *m, const struct cllm_norm_in *nin, int32_t n,
+                                   enum cllm_status fused_st, struct stream *rs)
+{
+    const struct cllm_backend_iface *be = m->be->iface;
+    if (fused_st == CLLM_OK) {
+        if (nin->add) {
+            float *t = rs->res;
+            rs->res = rs->spare, rs->spare = t;
+        }
+        return CLLM_OK;
+    }
+    if (fused_st != CLLM_ERR_UNSUPPORTED)
+        return fused_st;
+    if (!nin->add)
+        return be->rmsnorm(m->be, nin->res, nin->g, nin->eps, n, m->hp.n_embd, m->xn);
+    return be->add_rmsnorm(m->be, (float *)nin->res, nin->add, nin->g, nin->eps, n, m->hp.n_embd,
+                           m->xn);
+}
+
+/* ffo = W_down silu_mul(W_gate_up norm(...)): the norm and the gate/up product and SiLU in one
+ * op where the backend fuses them (no F32 gate_up buffer between), else the norm, then the
+ * product and SiLU in one op, else each apart. */
+static enum cllm_status feed_forward(struct cllm_model *m, const struct layer *L, int32_t n,
+                                     const struct cllm_norm_in *nin, struct stream *rs)
 {
     const struct cllm_backend_iface *be = m->be->iface;
     int32_t F = m->hp.n_ff, E = m->hp.n_embd;
+    const bool fusable = be->matmul_gate_up_silu && L->gate_up.stacked.host;
     enum cllm_status st = CLLM_ERR_UNSUPPORTED;
-    if (be->matmul_gate_up_silu && L->gate_up.stacked.host)
-        st = be->matmul_gate_up_silu(m->be, &L->gate_up.stacked, m->xn, n, F, m->ff);
+    if (fusable && !m->norms_apart)
+        st = be->matmul_gate_up_silu(m->be, &L->gate_up.stacked, NULL, n, F, m->ff, nin);
+    const bool normed = st == CLLM_OK;
+    if ((st = norm_first(m, nin, n, st, rs)))
+        return st;
+    st = normed ? CLLM_OK : CLLM_ERR_UNSUPPORTED;
+    if (!normed && fusable)
+        st = be->matmul_gate_up_silu(m->be, &L->gate_up.stacked, m->xn, n, F, m->ff, NULL);
     if (st == CLLM_ERR_UNSUPPORTED) {
         if ((st = project(m, &L->gate_up, m->xn, n, m->gate_up, 2 * F)) ||
             (st = be->silu_mul(m->be, m->gate_up, n, F, m->ff)))
@@ -568,16 +615,25 @@ static enum cllm_status feed_forward(struct cllm_model *m, const struct layer *L
  * cache -- in one op where the backend fuses them. */
 static enum cllm_status qkv_projection(struct cllm_model *m, const struct layer *L,
                                        const struct cllm_attn_batch *ab,
-                                       const struct cllm_rope *rope, void *k_cache, void *v_cache)
+                                       const struct cllm_rope *rope, void *k_cache, void *v_cache,
+                                       const struct cllm_norm_in *nin, struct stream *rs)
 {
     const struct cllm_backend_iface *be = m->be->iface;
     const struct cllm_hparams *hp = &m->hp;
     int32_t QKV = (hp->n_head + 2 * hp->n_head_kv) * hp->head_dim;
     const struct cllm_weight *bias = L->b_qkv.host ? &L->b_qkv : NULL;
+    const bool fusable = be->matmul_rope_store && L->qkv.stacked.host;
     enum cllm_status st = CLLM_ERR_UNSUPPORTED;
-    if (be->matmul_rope_store && L->qkv.stacked.host)
+    if (fusable && !m->norms_apart) /* the norm, the projection, RoPE and the KV store in one op */
+        st = be->matmul_rope_store(m->be, &L->qkv.stacked, NULL, rope, ab, m->qkv, QKV, bias,
+                                   hp->n_head, hp->n_head_kv, k_cache, v_cache, nin);
+    const bool normed = st == CLLM_OK;
+    if ((st = norm_first(m, nin, ab->n_tokens, st, rs)) || normed)
+        return st;
+    st = CLLM_ERR_UNSUPPORTED;
+    if (fusable)
         st = be->matmul_rope_store(m->be, &L->qkv.stacked, m->xn, rope, ab, m->qkv, QKV, bias,
-                                   hp->n_head, hp->n_head_kv, k_cache, v_cache);
+                                   hp->n_head, hp->n_head_kv, k_cache, v_cache, NULL);
     if (st != CLLM_ERR_UNSUPPORTED)
         return st;
     if ((st = project(m, &L->qkv, m->xn, ab->n_tokens, m->qkv, QKV)))
@@ -622,22 +678,24 @@ static enum cllm_status issue_ops(struct cllm_model *m, struct cllm_kv_cache *kv
     } while (0)
 
     TRY(be->embed(b, &m->tok_embd, s->tokens, n, m->x));
+    /* The residual stream: in m->x, or in m->x_alt once a projection that applied its norm
+     * itself has moved it there (struct cllm_norm_in); the two swap at each such norm. */
+    struct stream rs = {m->x, m->x_alt};
     for (int32_t l = 0; l < hp->n_layer; l++) {
         const struct layer *L = &m->layers[l];
-        if (l == 0)
-            TRY(be->rmsnorm(b, m->x, &L->attn_norm, hp->rms_eps, n, E, m->xn));
-        else /* the previous layer's MLP residual, fused into this norm */
-            TRY(be->add_rmsnorm(b, m->x, m->ffo, &L->attn_norm, hp->rms_eps, n, E, m->xn));
-        TRY(qkv_projection(m, L, ab, &rope, kv->k[l], kv->v[l]));
+        /* the previous layer's MLP residual (none before layer 0), added in this norm */
+        struct cllm_norm_in nin = {rs.res, l == 0 ? NULL : m->ffo, &L->attn_norm, hp->rms_eps,
+                                   rs.spare};
+        TRY(qkv_projection(m, L, ab, &rope, kv->k[l], kv->v[l], &nin, &rs));
         TRY(be->attention(b, ab, m->qkv, QKV, kv->k[l], kv->v[l], hp->n_head, hp->n_head_kv, hd,
                           scale, m->attn_scratch, m->attn));
         TRY(be->matmul(b, &L->wo, NULL, m->attn, n, m->ffo, E));
-        TRY(be->add_rmsnorm(b, m->x, m->ffo, &L->ffn_norm, hp->rms_eps, n, E, m->xn));
-        TRY(feed_forward(m, L, n));
+        nin = (struct cllm_norm_in){rs.res, m->ffo, &L->ffn_norm, hp->rms_eps, rs.spare};
+        TRY(feed_forward(m, L, n, &nin, &rs));
     }
     if (s->n_outputs > 0) {
         /* Only the rows that need logits take the last residual add, norm and LM head. */
-        TRY(be->gather_rows(b, m->x, s->outputs, s->n_outputs, E, m->out_x));
+        TRY(be->gather_rows(b, rs.res, s->outputs, s->n_outputs, E, m->out_x));
         TRY(be->gather_rows(b, m->ffo, s->outputs, s->n_outputs, E, m->out_ffo));
         TRY(be->add_rmsnorm(b, m->out_x, m->out_ffo, &m->output_norm, hp->rms_eps, s->n_outputs, E,
                             m->out_n));

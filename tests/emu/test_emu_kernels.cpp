@@ -430,7 +430,7 @@ static void test_gemm_gate_up_silu(int32_t F, int32_t K)
                   cudaSuccess);
             CHECK(cllm_cuda_silu_mul(gu.data(), n, F, ref.data(), 0) == cudaSuccess);
             CHECK(cllm_cuda_gemm_gate_up_silu(w.data(), F, K, x.data(), n, out.data(), ldo,
-                                              parallel ? scratch.data() : NULL, bytes,
+                                              parallel ? scratch.data() : NULL, bytes, NULL,
                                               0) == cudaSuccess);
             int32_t differ = 0, written = 0;
             for (int32_t t = 0; t < n; t++) {
@@ -447,8 +447,8 @@ static void test_gemm_gate_up_silu(int32_t F, int32_t K)
         }
     }
     std::vector<__nv_bfloat16> out((size_t)F);
-    CHECK(cllm_cuda_gemm_gate_up_silu(w.data(), F, K, x.data(), 1, out.data(), F - 1, NULL, 0, 0) ==
-          cudaErrorInvalidValue); /* ldo < F */
+    CHECK(cllm_cuda_gemm_gate_up_silu(w.data(), F, K, x.data(), 1, out.data(), F - 1, NULL, 0, NULL,
+                                      0) == cudaErrorInvalidValue); /* ldo < F */
 }
 
 /* The QKV projection with bias, RoPE and the KV store in its epilogue equals the GEMM and then
@@ -479,7 +479,8 @@ static void test_gemm_rope_store(int32_t n_head, int32_t n_kv, int32_t hd, int32
         CHECK(cllm_cuda_gemm(w.data(), NULL, N, K, x.data(), n, y_ref.data(), ld, NULL, 0, 0) == cudaSuccess);
         CHECK(cllm_cuda_qkv_rope_store(&b, &r.freqs, y_ref.data(), ld, r.bias, n_head, n_kv, hd, k_ref.data(), v_ref.data(), 0) == cudaSuccess);
         r.k_cache = k.data(), r.v_cache = v.data();
-        CHECK(cllm_cuda_gemm_rope_store(w.data(), K, x.data(), n, y.data(), ld, &r, 0) == cudaSuccess);
+        CHECK(cllm_cuda_gemm_rope_store(w.data(), K, x.data(), n, y.data(), ld, &r, NULL, 0) ==
+              cudaSuccess);
         int64_t bad_y = 0;
         for (int32_t t = 0; t < n; t++)
             bad_y += memcmp(&y[(size_t)t * ld], &y_ref[(size_t)t * ld], (size_t)N * 4) != 0;
@@ -489,7 +490,96 @@ static void test_gemm_rope_store(int32_t n_head, int32_t n_kv, int32_t hd, int32
     }
     std::vector<float> y((size_t)n_max * N);
     CHECK(!cllm_cuda_gemm_rope_supported(w.data(), x.data(), K, n_max, hd)); /* 33: the tiled kernel's */
-    CHECK(cllm_cuda_gemm_rope_store(w.data(), K, x.data(), n_max, y.data(), N, &r, 0) == cudaErrorInvalidValue);
+    CHECK(cllm_cuda_gemm_rope_store(w.data(), K, x.data(), n_max, y.data(), N, &r, NULL, 0) ==
+          cudaErrorInvalidValue);
+}
+
+/* A norm applied by the projection itself (cllm_cuda_norm_in) equals the rmsnorm kernel and
+ * then the projection, bit for bit: the gate/up + SiLU and QKV + RoPE + KV store outputs, the
+ * residual it writes (res + add, into another buffer; res left as it was) -- for steps of 1 to
+ * CLLM_CUDA_GEMM_NORM_MAX tokens, with and without a residual to add, in blocks of 2 and of 12
+ * warps. Larger steps, and a res_out that is res, are refused. */
+static void test_gemm_norm(int32_t K)
+{
+    const int32_t n_head = 4, n_kv = 2, hd = 64, NQ = (n_head + 2 * n_kv) * hd, F = 136;
+    printf("gemm with the norm in it K=%d slices %d (QKV) and %d (gate/up)\n", K,
+           cllm_cuda_gemm_slices(NQ, K), cllm_cuda_gemm_slices(2 * F, K));
+    const int32_t n_max = CLLM_CUDA_GEMM_NORM_MAX, n_slots = 16;
+    std::vector<float> wqf = randv((int64_t)NQ * K, 1.0f), wgf = randv((int64_t)2 * F * K, 1.0f);
+    std::vector<__nv_bfloat16> wq(wqf.size()), wg(wgf.size());
+    for (size_t i = 0; i < wq.size(); i++)
+        wq[i].__x = cllm_f32_to_bf16(wqf[i]);
+    for (size_t i = 0; i < wg.size(); i++)
+        wg[i].__x = cllm_f32_to_bf16(wgf[i]);
+    std::vector<float> res = randv((int64_t)n_max * K, 3.0f), add = randv((int64_t)n_max * K, 1.0f);
+    std::vector<float> g = randv(K, 1.0f), bias = randv(NQ, 0.5f);
+    std::vector<int32_t> pos(n_max), slot(n_max), seq(n_max, 0);
+    for (int32_t t = 0; t < n_max; t++)
+        pos[t] = 5 * t + 2, slot[t] = (t * 3 + 1) % n_slots;
+    struct cllm_cuda_rope_store r;
+    for (int32_t i = 0; i < hd / 2; i++)
+        r.freqs.inv_freq[i] = 1.0f / powf(1000000.0f, (float)(2 * i) / (float)hd);
+    r.pos = pos.data(), r.slot = slot.data(), r.bias = bias.data();
+    r.n_head = n_head, r.n_kv = n_kv, r.head_dim = hd;
+    for (int32_t n : {1, 3, 8}) {
+        for (bool with_add : {true, false}) {
+            /* the reference: the rmsnorm kernel (res += add in place), then each projection */
+            std::vector<float> res_ref(res.begin(), res.begin() + (size_t)n * K);
+            std::vector<__nv_bfloat16> xn((size_t)n * K);
+            CHECK(cllm_cuda_rmsnorm(with_add ? res_ref.data() : NULL,
+                                    with_add ? add.data() : res_ref.data(), g.data(), 1e-6f, n, K,
+                                    xn.data(), 0) == cudaSuccess);
+            std::vector<float> q_ref((size_t)n * NQ), q((size_t)n * NQ);
+            std::vector<__nv_bfloat16> kc_ref((size_t)n_slots * n_kv * hd), vc_ref(kc_ref.size());
+            std::vector<__nv_bfloat16> kc(kc_ref.size()), vc(kc_ref.size());
+            r.k_cache = kc_ref.data(), r.v_cache = vc_ref.data();
+            CHECK(cllm_cuda_gemm_rope_store(wq.data(), K, xn.data(), n, q_ref.data(), NQ, &r, NULL,
+                                            0) == cudaSuccess);
+            std::vector<__nv_bfloat16> ff_ref((size_t)n * F), ff((size_t)n * F);
+            CHECK(cllm_cuda_gemm_gate_up_silu(wg.data(), F, K, xn.data(), n, ff_ref.data(), F, NULL,
+                                              0, NULL, 0) == cudaSuccess);
+            /* fused, twice: each writes the moved residual */
+            std::vector<float> res_in(res.begin(), res.begin() + (size_t)n * K);
+            std::vector<float> out1((size_t)n * K, -5.0f), out2((size_t)n * K, -5.0f);
+            cllm_cuda_norm_in nin = {res_in.data(), with_add ? add.data() : NULL, g.data(), 1e-6f,
+                                     out1.data()};
+            r.k_cache = kc.data(), r.v_cache = vc.data();
+            CHECK(cllm_cuda_gemm_rope_store(wq.data(), K, NULL, n, q.data(), NQ, &r, &nin, 0) ==
+                  cudaSuccess);
+            nin.res_out = out2.data();
+            CHECK(cllm_cuda_gemm_gate_up_silu(wg.data(), F, K, NULL, n, ff.data(), F, NULL, 0, &nin,
+                                              0) == cudaSuccess);
+            CHECKF(memcmp(q.data(), q_ref.data(), q.size() * 4) == 0 &&
+                       memcmp(kc.data(), kc_ref.data(), kc.size() * 2) == 0 &&
+                       memcmp(vc.data(), vc_ref.data(), vc.size() * 2) == 0,
+                   "QKV with the norm in it, n=%d add=%d: not the bits of rmsnorm + QKV", n,
+                   with_add);
+            CHECKF(memcmp(ff.data(), ff_ref.data(), ff.size() * 2) == 0,
+                   "gate/up with the norm in it, n=%d add=%d: not the bits of rmsnorm + gate/up", n,
+                   with_add);
+            CHECKF(memcmp(res_in.data(), res.data(), res_in.size() * 4) == 0,
+                   "norm in the GEMM, n=%d: res was written", n);
+            for (const std::vector<float> *o : {&out1, &out2}) {
+                if (with_add)
+                    CHECKF(memcmp(o->data(), res_ref.data(), o->size() * 4) == 0,
+                           "norm in the GEMM, n=%d: res_out is not the rmsnorm kernel's res + add",
+                           n);
+                else
+                    CHECKF((*o)[0] == -5.0f && (*o)[o->size() - 1] == -5.0f,
+                           "norm in the GEMM without add, n=%d: res_out written", n);
+            }
+        }
+    }
+    /* refused: a step past CLLM_CUDA_GEMM_NORM_MAX tokens, res_out = res */
+    std::vector<float> big((size_t)(n_max + 1) * K), q((size_t)(n_max + 1) * NQ);
+    std::vector<__nv_bfloat16> ff((size_t)(n_max + 1) * F);
+    cllm_cuda_norm_in nin = {big.data(), big.data(), g.data(), 1e-6f, q.data()};
+    CHECK(!cllm_cuda_gemm_norm_supported(n_max + 1, K));
+    CHECK(cllm_cuda_gemm_gate_up_silu(wg.data(), F, K, NULL, n_max + 1, ff.data(), F, NULL, 0, &nin,
+                                      0) == cudaErrorInvalidValue);
+    nin.res_out = big.data();
+    CHECK(cllm_cuda_gemm_rope_store(wq.data(), K, NULL, 1, q.data(), NQ, &r, &nin, 0) ==
+          cudaErrorInvalidValue);
 }
 
 /* Parts of the test (0-9, see main) named on the command line, or all. */
@@ -503,7 +593,8 @@ static std::vector<float> gemm_of(const std::vector<__nv_bfloat16> &w, int32_t N
     if (paired) {
         std::vector<__nv_bfloat16> out((size_t)n * cols);
         CHECK(cllm_cuda_gemm_gate_up_silu(w.data(), cols, K, x.data(), n, out.data(), cols,
-                                          scratch.data(), scratch.size() * 4, 0) == cudaSuccess);
+                                          scratch.data(), scratch.size() * 4, NULL,
+                                          0) == cudaSuccess);
         for (size_t i = 0; i < y.size(); i++)
             y[i] = bf(out[i]);
     } else
@@ -583,7 +674,10 @@ static void test_gemm_tune(int32_t N, int32_t K, int32_t n_max, bool paired)
                    "gemm N=%d K=%d n=%d: tuned way %s gives other bits", N, K, sizes[i], way);
         }
     }
+    CHECK(cllm_cuda_gemm_tuned(N, K, n_max) && cllm_cuda_gemm_tuned(N, K, 1));
+    CHECK(!cllm_cuda_gemm_tuned(N, K, 1000) && !cllm_cuda_gemm_tuned(N + 8, K, 1));
     cllm_cuda_gemm_forget_plans();
+    CHECK(!cllm_cuda_gemm_tuned(N, K, 1));
     for (int i = 0; i < 5; i++) {
         char way[32];
         cllm_cuda_gemm_way(N, K, sizes[i], way, sizeof way);
@@ -655,6 +749,8 @@ int main(int argc, char **argv)
         CHECK(cllm_cuda_gemm_use_tiling("128x64") == cudaSuccess);
         test_gemm_rope_store(12, 2, 128, 264, true); /* Qwen2.5-1.5B's heads */
         test_gemm_rope_store(14, 2, 64, 520, false); /* Qwen2.5-0.5B's, several slices */
+        test_gemm_norm(264);                         /* 2 slices of QKV, 2 of gate/up */
+        test_gemm_norm(1536);                        /* Qwen2.5-1.5B's width: 12 and 2 slices */
         /* the skinny kernel's W prefetch forced on (slices of 1-2 warps) and off (many) */
         for (int ahead : {1, -1}) {
             printf("skinny prefetch %s\n", ahead > 0 ? "always" : "never");

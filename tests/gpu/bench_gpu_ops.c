@@ -136,6 +136,7 @@ struct op {
     void *x, *y, *res, *scratch, *k, *v;
     struct cllm_attn_batch batch;
     int32_t dim;
+    const struct cllm_norm_in *norm; /* the fused projections' norm, or NULL */
 };
 
 static enum cllm_status issue_matmul(const struct op *o)
@@ -147,7 +148,7 @@ static enum cllm_status issue_matmul_gate_up_silu(const struct op *o)
 {
     if (!G->matmul_gate_up_silu)
         return CLLM_ERR_UNSUPPORTED;
-    return G->matmul_gate_up_silu(gpu, o->w, o->x, o->n, o->dim, o->y);
+    return G->matmul_gate_up_silu(gpu, o->w, o->x, o->n, o->dim, o->y, o->norm);
 }
 
 static enum cllm_status issue_add_rmsnorm(const struct op *o)
@@ -168,7 +169,7 @@ static enum cllm_status issue_matmul_rope_store(const struct op *o)
     if (!G->matmul_rope_store)
         return CLLM_ERR_UNSUPPORTED;
     return G->matmul_rope_store(gpu, o->w, o->x, &rope, &o->batch, o->y, QKV_LD, o->b, N_HEAD, N_KV,
-                                o->k, o->v);
+                                o->k, o->v, o->norm);
 }
 
 static enum cllm_status issue_attention(const struct op *o)
@@ -349,6 +350,9 @@ static void bench_gemms(void)
     };
     const int32_t steps[] = {1, 8, 64, 192, 512};
     const int32_t max_n = smoke ? 8 : 512;
+    /* the norm's operands (x_residual, what is added, where it moves) and weight */
+    float *res = dev_random((int64_t)3 * max_n * DIM, CLLM_DTYPE_F32, 1.0f);
+    struct bench_weight *g = make_weight(DIM, 1, true);
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         if (smoke && shapes[s].N == VOCAB)
             continue; /* the same kernels as the others, at 10x the host's time */
@@ -380,10 +384,19 @@ static void bench_gemms(void)
                       (double)n * out_cols * out_elem;
             o.flops = 2.0 * n * shapes[s].N * shapes[s].K;
             time_op(&o);
+            if (shapes[s].silu && n <= 8) { /* with the residual add + RMSNorm in it */
+                struct cllm_norm_in nin = {res, res + (size_t)max_n * DIM, &g->w, 1e-6f,
+                                           res + (size_t)2 * max_n * DIM};
+                struct op f = o;
+                f.name = "matmul_gate_up_silu +norm", f.norm = &nin;
+                time_op(&f);
+            }
         }
         free_weight(w), free_weight(b);
         G->dealloc(gpu, x), G->dealloc(gpu, y);
     }
+    free_weight(g);
+    G->dealloc(gpu, res);
 }
 
 static void bench_small_ops(void)
@@ -391,6 +404,7 @@ static void bench_small_ops(void)
     struct bench_weight *g = make_weight(DIM, 1, true), *bias = make_weight(QKV_LD, 1, true);
     size_t act = cllm_backend_elem_size(G->act_dtype), kv = cllm_backend_elem_size(G->kv_dtype);
     void *res = dev_random(512 * DIM, CLLM_DTYPE_F32, 1.0f);
+    void *res_alt = dev_random(512 * DIM, CLLM_DTYPE_F32, 1.0f); /* where a fused norm moves it */
     void *x = dev_random(512 * DIM, CLLM_DTYPE_F32, 1.0f);
     void *xn = dev_alloc((size_t)512 * DIM * act);
     const int32_t steps[] = {1, 192, 512};
@@ -427,6 +441,12 @@ static void bench_small_ops(void)
                           (DIM * (double)act + QKV_LD * 4.0 + N_KV * HD * 2 * (double)kv);
             f.flops = 2.0 * b.n_tokens * QKV_LD * DIM;
             time_op(&f);
+            /* ... and with the residual add + RMSNorm before it in the same kernel: against the
+             * add_rmsnorm row and this one, what the norm costs there */
+            struct cllm_norm_in nin = {res, x, &g->w, 1e-6f, res_alt};
+            f.name = "matmul_rope_store qkv +norm +bias", f.norm = &nin;
+            if (b.n_tokens <= 8)
+                time_op(&f);
         }
         G->dealloc(gpu, qkv), G->dealloc(gpu, k), G->dealloc(gpu, v);
         free_batch(&b);
@@ -440,7 +460,7 @@ static void bench_small_ops(void)
     time_op(&o);
     free_batch(&b);
     free_weight(g), free_weight(bias);
-    G->dealloc(gpu, res), G->dealloc(gpu, x), G->dealloc(gpu, xn);
+    G->dealloc(gpu, res), G->dealloc(gpu, res_alt), G->dealloc(gpu, x), G->dealloc(gpu, xn);
 }
 
 static void bench_attention(void)

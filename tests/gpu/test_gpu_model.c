@@ -15,9 +15,11 @@
  *
  * Also: a shuffled block table gives the same bits as a contiguous one; recorded decode steps
  * (CUDA graphs) give the same tokens as ops issued one by one; greedy decoding of four
- * prompts batched together gives each the tokens it gets alone (batch invariance); and
+ * prompts batched together gives each the tokens it gets alone (batch invariance);
  * run-ahead (step k + 1 launched before step k is waited for, taking step k's tokens on the
- * device) gives the tokens of one step at a time.
+ * device) gives the tokens of one step at a time; and the norms applied inside the QKV and
+ * gate/up projections (decode steps) give the tokens of separate norm ops
+ * (CLLM_NORMS_APART=1).
  *
  * Without a CUDA device, or without the two variables (tests/gpu/run sets them), it exits 77.
  */
@@ -328,6 +330,20 @@ int main(void)
                    "recorded decode steps give other tokens than direct ones");
         close_runner(&plain);
     }
+    unsetenv("CLLM_NO_GRAPHS");
+
+    /* norms applied by the projections themselves (decode steps of <= 8 sequences) vs every
+     * norm its own op */
+    setenv("CLLM_NORMS_APART", "1", 1);
+    struct runner apart;
+    if (open_runner(&apart, mf, be, false)) {
+        int32_t inside[MAX_SEQS][N_GREEDY], alone_ops[MAX_SEQS][N_GREEDY];
+        if (greedy(&r, nb, prompts, lens, inside) && greedy(&apart, nb, prompts, lens, alone_ops))
+            CHECKF(memcmp(inside, alone_ops, sizeof(int32_t) * N_GREEDY * (size_t)nb) == 0,
+                   "norms in the projections give other tokens than norms apart");
+        close_runner(&apart);
+    }
+    unsetenv("CLLM_NORMS_APART");
 
     if (out_path) {
         cJSON *doc = cJSON_CreateObject();

@@ -310,7 +310,7 @@ static void test_matmul_gate_up_silu(int32_t K, int32_t F)
         CHECK(G->matmul(gpu, &w.g, NULL, x_d, n, gu_d, 2 * F) == CLLM_OK);
         CHECK(G->silu_mul(gpu, gu_d, n, F, ref_d) == CLLM_OK);
         enum cllm_status st = G->matmul_gate_up_silu
-                                  ? G->matmul_gate_up_silu(gpu, &w.g, x_d, n, F, out_d)
+                                  ? G->matmul_gate_up_silu(gpu, &w.g, x_d, n, F, out_d, NULL)
                                   : CLLM_ERR_UNSUPPORTED;
         CHECKF(st == (our_gemm ? CLLM_OK : CLLM_ERR_UNSUPPORTED),
                "matmul_gate_up_silu, %d rows: %s", (int)n, cllm_status_str(st));
@@ -322,7 +322,8 @@ static void test_matmul_gate_up_silu(int32_t K, int32_t F)
                "matmul_gate_up_silu 2x%dx%d, %d rows: not the bits of matmul + silu_mul", (int)F,
                (int)K, (int)n);
         if (G->matmul_gate_up_silu && si == 0) /* dim must be half the weight's rows */
-            CHECK(G->matmul_gate_up_silu(gpu, &w.g, x_d, n, F + 1, out_d) == CLLM_ERR_INVALID_ARG);
+            CHECK(G->matmul_gate_up_silu(gpu, &w.g, x_d, n, F + 1, out_d, NULL) ==
+                  CLLM_ERR_INVALID_ARG);
         G->dealloc(gpu, x_d), G->dealloc(gpu, gu_d), G->dealloc(gpu, ref_d), G->dealloc(gpu, out_d);
         free(x), free(xb), free(ref), free(out);
     }
@@ -366,7 +367,7 @@ static void test_tune_matmul(int32_t K, int32_t F, int32_t n_max)
             float *y = download_f32(y_d, (int64_t)n * N);
             uint16_t *ff = calloc((size_t)n * F, 2);
             if (G->matmul_gate_up_silu &&
-                G->matmul_gate_up_silu(gpu, &w.g, x_d, n, F, ff_d) == CLLM_OK) {
+                G->matmul_gate_up_silu(gpu, &w.g, x_d, n, F, ff_d, NULL) == CLLM_OK) {
                 CHECK(G->download(gpu, ff, ff_d, (size_t)n * F * 2) == CLLM_OK);
                 CHECK(G->sync(gpu) == CLLM_OK);
             }
@@ -432,7 +433,7 @@ static void test_matmul_rope_store(int32_t n_head, int32_t n_kv, int32_t hd, int
         CHECK(G->qkv_rope_store(gpu, &rope, &ab, y_d, N, &b.g, n_head, n_kv, k_d, v_d) == CLLM_OK);
         enum cllm_status st = G->matmul_rope_store
                                   ? G->matmul_rope_store(gpu, &w.g, x_d, &rope, &ab, y2_d, N, &b.g,
-                                                         n_head, n_kv, k2_d, v2_d)
+                                                         n_head, n_kv, k2_d, v2_d, NULL)
                                   : CLLM_ERR_UNSUPPORTED;
         if (n > 32 || !our_gemm) {
             CHECKF(st == CLLM_ERR_UNSUPPORTED, "matmul_rope_store took a %d-token step", (int)n);
@@ -458,6 +459,112 @@ static void test_matmul_rope_store(int32_t n_head, int32_t n_kv, int32_t hd, int
         free(pos), free(slot), free(x), free(xb);
     }
     free_weight(&w), free_weight(&b);
+}
+
+/* A projection that applies its norm itself (struct cllm_norm_in; matmul_gate_up_silu,
+ * matmul_rope_store) equals add_rmsnorm (rmsnorm where nothing is added) and then the
+ * projection, bit for bit; the residual it moves to `out` is what add_rmsnorm leaves in place,
+ * and `res` is not written. A step it cannot take is refused with nothing queued. */
+static void test_norm_in_ops(int32_t K, int32_t F)
+{
+    if (!G->matmul_gate_up_silu || !G->matmul_rope_store)
+        return;
+    const int32_t n_head = 4, n_kv = 2, hd = 64, NQ = (n_head + 2 * n_kv) * hd, n_slots = 32;
+    struct wpair wg, wq, bq, g;
+    make_weight(&wg, K, 2 * F, 0.05f);
+    make_weight(&wq, K, NQ, 0.05f);
+    make_weight(&bq, NQ, 1, 0.5f);
+    make_weight(&g, K, 1, 1.0f);
+    struct cllm_rope rope = {1000000.0f, hd};
+    if (!our_gemm) { /* the vendor BLAS takes no norm: refused, the model normalizes first */
+        float *r = randv(K, 1.0f);
+        void *r_d = dev_upload(r, (size_t)K * 4), *o_d = dev_poisoned((size_t)K * 4);
+        struct cllm_norm_in nin = {r_d, r_d, &g.g, 1e-6f, o_d};
+        CHECK(G->matmul_gate_up_silu(gpu, &wg.g, NULL, 1, F, o_d, &nin) == CLLM_ERR_UNSUPPORTED);
+        G->dealloc(gpu, r_d), G->dealloc(gpu, o_d);
+        free(r);
+        free_weight(&wg), free_weight(&wq), free_weight(&bq), free_weight(&g);
+        return;
+    }
+    const int32_t sizes[] = {1, 4, 8, 9};
+    int fused = 0;
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        const int32_t n = sizes[si];
+        int32_t *pos = malloc((size_t)n * 4), *slot = malloc((size_t)n * 4);
+        for (int32_t t = 0; t < n; t++)
+            pos[t] = 9 * t + 4, slot[t] = (t * 7 + 2) % n_slots;
+        void *pos_d = dev_upload(pos, (size_t)n * 4), *slot_d = dev_upload(slot, (size_t)n * 4);
+        struct cllm_attn_batch ab = {n, pos_d, pos_d, slot_d, NULL, 0, 16, 0};
+        float *res = randv((int64_t)n * K, 2.0f), *add = randv((int64_t)n * K, 1.0f);
+        for (int with_add = 0; with_add < 2; with_add++) {
+            const size_t rb = (size_t)n * K * 4;
+            void *res_d = dev_upload(res, rb), *res2_d = dev_upload(res, rb);
+            void *add_d = dev_upload(add, rb), *out_d = dev_poisoned(rb);
+            void *xn_d = dev_poisoned((size_t)n * K * 2);
+            void *ff_d = dev_poisoned((size_t)n * F * 2), *ff2_d = dev_poisoned((size_t)n * F * 2);
+            void *q_d = dev_poisoned((size_t)n * NQ * 4), *q2_d = dev_poisoned((size_t)n * NQ * 4);
+            void *c[4];
+            for (int i = 0; i < 4; i++)
+                c[i] = dev_poisoned((size_t)n_slots * n_kv * hd * 2);
+            /* the reference: the norm op (res += add in place), then each projection */
+            CHECK((with_add ? G->add_rmsnorm(gpu, res_d, add_d, &g.g, 1e-6f, n, K, xn_d)
+                            : G->rmsnorm(gpu, res_d, &g.g, 1e-6f, n, K, xn_d)) == CLLM_OK);
+            CHECK(G->matmul_gate_up_silu(gpu, &wg.g, xn_d, n, F, ff_d, NULL) == CLLM_OK);
+            CHECK(G->matmul_rope_store(gpu, &wq.g, xn_d, &rope, &ab, q_d, NQ, &bq.g, n_head, n_kv,
+                                       c[0], c[1], NULL) == CLLM_OK);
+            struct cllm_norm_in nin = {res2_d, with_add ? add_d : NULL, &g.g, 1e-6f, out_d};
+            enum cllm_status s1 = G->matmul_gate_up_silu(gpu, &wg.g, NULL, n, F, ff2_d, &nin);
+            enum cllm_status s2 = G->matmul_rope_store(gpu, &wq.g, NULL, &rope, &ab, q2_d, NQ,
+                                                       &bq.g, n_head, n_kv, c[2], c[3], &nin);
+            CHECKF(s1 == s2 && (s1 == CLLM_OK || s1 == CLLM_ERR_UNSUPPORTED),
+                   "norm in the projections, %d rows: %s / %s", (int)n, cllm_status_str(s1),
+                   cllm_status_str(s2));
+            if (n > 8)
+                CHECKF(s1 == CLLM_ERR_UNSUPPORTED, "a %d-row step took its norm in the GEMM",
+                       (int)n);
+            if (s1 == CLLM_OK && s2 == CLLM_OK) {
+                fused++;
+                uint16_t *a = malloc((size_t)n * F * 2), *b = malloc((size_t)n * F * 2);
+                CHECK(G->download(gpu, a, ff_d, (size_t)n * F * 2) == CLLM_OK);
+                CHECK(G->download(gpu, b, ff2_d, (size_t)n * F * 2) == CLLM_OK);
+                CHECK(G->sync(gpu) == CLLM_OK);
+                CHECKF(memcmp(a, b, (size_t)n * F * 2) == 0,
+                       "gate/up with its norm, %d rows, add %d: not the bits of the norm + gate/up",
+                       (int)n, with_add);
+                free(a), free(b);
+                float *q = download_f32(q_d, (int64_t)n * NQ),
+                      *q2 = download_f32(q2_d, (int64_t)n * NQ);
+                float *kc[4];
+                for (int i = 0; i < 4; i++)
+                    kc[i] = download_bf16(c[i], (int64_t)n_slots * n_kv * hd);
+                CHECKF(memcmp(q, q2, (size_t)n * NQ * 4) == 0 &&
+                           memcmp(kc[0], kc[2], (size_t)n_slots * n_kv * hd * 4) == 0 &&
+                           memcmp(kc[1], kc[3], (size_t)n_slots * n_kv * hd * 4) == 0,
+                       "QKV with its norm, %d rows, add %d: not the bits of the norm + QKV", (int)n,
+                       with_add);
+                float *moved = download_f32(out_d, (int64_t)n * K);
+                float *kept = download_f32(res2_d, (int64_t)n * K);
+                float *ref = download_f32(res_d, (int64_t)n * K);
+                CHECKF(memcmp(kept, res, rb) == 0, "norm in the projections, %d rows: res written",
+                       (int)n);
+                if (with_add)
+                    CHECKF(memcmp(moved, ref, rb) == 0,
+                           "norm in the projections, %d rows: out is not add_rmsnorm's res + add",
+                           (int)n);
+                free(q), free(q2), free(moved), free(kept), free(ref);
+                for (int i = 0; i < 4; i++)
+                    free(kc[i]);
+            }
+            void *bufs[] = {res_d, res2_d, add_d, out_d, xn_d, ff_d, ff2_d,
+                            q_d,   q2_d,   c[0],  c[1],  c[2], c[3]};
+            for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+                G->dealloc(gpu, bufs[i]);
+        }
+        G->dealloc(gpu, pos_d), G->dealloc(gpu, slot_d);
+        free(pos), free(slot), free(res), free(add);
+    }
+    CHECKF(fused == 6, "the projections took their norm in %d of 6 steps", fused);
+    free_weight(&wg), free_weight(&wq), free_weight(&bq), free_weight(&g);
 }
 
 /* Sequences of the given lengths, all their tokens in one step, over shuffled blocks: bias +
@@ -925,6 +1032,7 @@ int main(void)
     test_matmul_gate_up_silu(264, 52);
     test_tune_matmul(264, 40, 40);
     test_matmul_rope_store(4, 2, 64, 264);
+    test_norm_in_ops(264, 40);
     int32_t lens_a[] = {1, 17, 40};
     int32_t lens_b[] = {300, 2, 40};
     test_attention(4, 2, 64, lens_a, 3);
@@ -945,6 +1053,7 @@ int main(void)
     test_tune_matmul(1536, 8960, 300);        /* gate/up of Qwen2.5-1.5B, every bucket to 300 */
     test_matmul_rope_store(12, 2, 128, 1536); /* Qwen2.5-1.5B */
     test_matmul_rope_store(14, 2, 64, 896);   /* Qwen2.5-0.5B */
+    test_norm_in_ops(1536, 8960);             /* Qwen2.5-1.5B's width */
     int32_t lens_a[] = {1, 17, 300};
     int32_t lens_b[] = {5000, 2, 700};     /* 5000: split over several blocks */
     test_attention(12, 2, 128, lens_a, 3); /* Qwen2.5-1.5B */

@@ -457,15 +457,33 @@ static enum cllm_status cu_matmul(struct cllm_backend *be, const struct cllm_wei
     return blas_matmul(c, w->data, K, N, x, n, b, y, ldy);
 }
 
+/* The GEMM's form of a norm the op applies itself (struct cllm_norm_in), or false where the
+ * GEMM cannot take it for this step (then the op is unsupported: the model normalizes first). */
+static bool gemm_norm(const struct cllm_norm_in *norm, int32_t n, int32_t K,
+                      struct cllm_cuda_norm_in *out)
+{
+    if (!norm || norm->g->dtype != CLLM_DTYPE_F32 || norm->g->ne[0] != K ||
+        !cllm_cuda_gemm_norm_supported(n, K) ||
+        (norm->add && (!norm->out || norm->out == norm->res)))
+        return false;
+    out->res = norm->res, out->add = norm->add, out->g = (const float *)norm->g->data;
+    out->eps = norm->eps, out->res_out = norm->out;
+    return true;
+}
+
 static enum cllm_status cu_matmul_gate_up_silu(struct cllm_backend *be, const struct cllm_weight *w,
-                                               const void *x, int32_t n, int32_t dim, void *out)
+                                               const void *x, int32_t n, int32_t dim, void *out,
+                                               const struct cllm_norm_in *norm)
 {
     struct cuda *c = cuda_of(be);
     if (w->dtype != CLLM_DTYPE_BF16 || dim <= 0 || w->ne[1] != 2 * (int64_t)dim ||
         w->ne[0] > INT32_MAX)
         return CLLM_ERR_INVALID_ARG;
     int K = (int)w->ne[0];
-    if (c->cublas_only || !cllm_cuda_gemm_supported(w->data, x, K))
+    struct cllm_cuda_norm_in nin;
+    if (norm && !gemm_norm(norm, n, K, &nin))
+        return CLLM_ERR_UNSUPPORTED;
+    if (c->cublas_only || !cllm_cuda_gemm_supported(w->data, norm ? w->data : x, K))
         return CLLM_ERR_UNSUPPORTED;
     if (n <= 0)
         return CLLM_OK;
@@ -473,7 +491,7 @@ static enum cllm_status cu_matmul_gate_up_silu(struct cllm_backend *be, const st
     return check_cuda(cllm_cuda_gemm_gate_up_silu((const __nv_bfloat16 *)w->data, dim, K,
                                                   (const __nv_bfloat16 *)x, n, (__nv_bfloat16 *)out,
                                                   dim, c->gemm_scratch, c->gemm_scratch_size,
-                                                  c->stream),
+                                                  norm ? &nin : NULL, c->stream),
                       "gemm (gate/up + SiLU)");
 }
 
@@ -502,8 +520,8 @@ static enum cllm_status cu_tune_matmul(struct cllm_backend *be, const struct cll
     bool ours = !c->cublas_only && c->tune_what;
     for (int32_t i = 0; i < n_w && ours; i++)
         ours = cllm_cuda_gemm_supported(data[i], x, K);
-    if (!ours)
-        return CLLM_OK; /* the BLAS chooses for itself; or nothing is open */
+    if (!ours || cllm_cuda_gemm_tuned(N, K, n_max))
+        return CLLM_OK; /* the BLAS chooses for itself; nothing is open; or done before */
     TRY(use_device(c));
     TRY(check_cuda(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize"));
     drop_graphs(c); /* they may point into the scratch */
@@ -583,7 +601,7 @@ static enum cllm_status cu_matmul_rope_store(struct cllm_backend *be, const stru
                                              const struct cllm_attn_batch *b, float *qkv,
                                              int32_t ld, const struct cllm_weight *bias,
                                              int32_t n_head, int32_t n_kv, void *k_cache,
-                                             void *v_cache)
+                                             void *v_cache, const struct cllm_norm_in *norm)
 {
     struct cuda *c = cuda_of(be);
     TRY(prepare_rope(c, rope, ld, bias, n_head, n_kv));
@@ -591,8 +609,9 @@ static enum cllm_status cu_matmul_rope_store(struct cllm_backend *be, const stru
         w->ne[1] != (int64_t)(n_head + 2 * n_kv) * rope->head_dim)
         return CLLM_ERR_INVALID_ARG;
     int32_t K = (int32_t)w->ne[0];
-    if (c->cublas_only ||
-        !cllm_cuda_gemm_rope_supported(w->data, x, K, b->n_tokens, rope->head_dim))
+    struct cllm_cuda_norm_in nin;
+    if (c->cublas_only || (norm && !gemm_norm(norm, b->n_tokens, K, &nin)) ||
+        !cllm_cuda_gemm_rope_supported(w->data, norm ? w->data : x, K, b->n_tokens, rope->head_dim))
         return CLLM_ERR_UNSUPPORTED;
     struct cllm_cuda_rope_store r;
     r.pos = b->pos, r.slot = b->slot;
@@ -602,7 +621,7 @@ static enum cllm_status cu_matmul_rope_store(struct cllm_backend *be, const stru
     r.freqs = c->freqs;
     return check_cuda(cllm_cuda_gemm_rope_store((const __nv_bfloat16 *)w->data, K,
                                                 (const __nv_bfloat16 *)x, b->n_tokens, qkv, ld, &r,
-                                                c->stream),
+                                                norm ? &nin : NULL, c->stream),
                       "gemm (QKV, RoPE, KV store)");
 }
 

@@ -208,6 +208,18 @@ void cllm_cuda_gemm_forget_plans(void)
     n_plans = 0;
 }
 
+int cllm_cuda_gemm_tuned(int32_t N, int32_t K, int32_t n_max)
+{
+    if (n_max < 1)
+        return 0;
+    const unsigned want = (2u << bucket_of(n_max)) - 1u; /* buckets 0 .. n_max's */
+    std::lock_guard<std::mutex> hold(plans_lock);
+    for (int i = 0; i < n_plans; i++)
+        if (plans[i].N == N && plans[i].K == K)
+            return (plans[i].tuned & want) == want;
+    return 0;
+}
+
 /* Does this way run the slices in parallel blocks for a step of n tokens (given the scratch)? */
 static bool runs_parallel(const gemm_way &w, int32_t N, int32_t K, int32_t n)
 {
@@ -416,10 +428,69 @@ load_w_chunks(uint4 (&vl)[UNROLL], uint4 (&vh)[UNROLL], const __nv_bfloat16 *w_l
  * With programmatic dependent launch that hides the small kernels between the GEMMs behind
  * the weight stream; for many decode shapes (a slice of <= UNROLL chunks) it is all of the
  * block's weights. Nothing else is touched before the wait (tests/tools/test_pdl_discipline.py). */
-template <int NT, bool AHEAD, class EP>
+/* The norm of cllm_cuda_norm_in (gemm.h) for a block's n <= CLLM_CUDA_GEMM_NORM_MAX rows, into
+ * xs [n][K] BF16 (shared memory); block 0 also writes res_out. The rmsnorm kernel's sums
+ * (kernels.h): its CLLM_CUDA_NORM_THREADS partial sums, computed by this block's threads,
+ * summed by warp 0 -- so the rows get the kernel's bits whatever this block's width. */
+static __device__ void norm_rows(const cllm_cuda_norm_in &nin, int32_t n, int32_t K,
+                                 __nv_bfloat16 *xs, float *partial, float *scale)
+{
+    for (int32_t j = 0; j < n; j++) {
+        const float *res = nin.res + (int64_t)j * K;
+        const float *add = nin.add ? nin.add + (int64_t)j * K : NULL;
+        for (int t = threadIdx.x; t < CLLM_CUDA_NORM_THREADS; t += blockDim.x)
+            partial[t] = cllm_cuda_norm_partial(res, add, t, K);
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            const float sum = cllm_cuda_norm_sum(partial);
+            if (threadIdx.x == 0)
+                scale[j] = cllm_cuda_norm_scale(sum, K, nin.eps);
+        }
+        __syncthreads(); /* scale[j] is seen; partial may be written again */
+    }
+    const bool keep = nin.add && nin.res_out && blockIdx.x == 0;
+    for (int64_t i = threadIdx.x; i < (int64_t)n * K; i += blockDim.x) {
+        const int32_t j = (int32_t)(i / K), d = (int32_t)(i % K);
+        const float v = cllm_cuda_norm_value(nin.res + (int64_t)j * K,
+                                             nin.add ? nin.add + (int64_t)j * K : NULL, d);
+        xs[i] = cllm_cuda_norm_out(nin.g[d], v, scale[j]);
+        if (keep)
+            nin.res_out[i] = v;
+    }
+    __syncthreads();
+}
+
+/* Shared memory of a skinny block beyond its slice sums: the normalized rows, the norm's
+ * partial sums and scales. */
+static size_t norm_smem(int32_t n, int32_t K)
+{
+    return ((size_t)n * (size_t)K * 2 + 15) / 16 * 16 +
+           (CLLM_CUDA_NORM_THREADS + CLLM_CUDA_GEMM_NORM_MAX) * sizeof(float);
+}
+
+int cllm_cuda_gemm_norm_supported(int32_t n, int32_t K)
+{
+    return n >= 1 && n <= CLLM_CUDA_GEMM_NORM_MAX && K > 0 && K % 8 == 0 &&
+           (size_t)MAX_SLICES * 4 * 32 * sizeof(float) + norm_smem(n, K) <= 48 * 1024;
+}
+
+/* An x row read by the skinny kernel: from global memory through the read-only cache, or
+ * (normalized rows) from shared memory. */
+template <bool SHARED>
+static __device__ __forceinline__ uint4 load_x(const __nv_bfloat16 *row, int32_t k, int32_t K)
+{
+    if (!row || k >= K)
+        return make_uint4(0, 0, 0, 0);
+    if constexpr (SHARED)
+        return *(const uint4 *)(row + k);
+    else
+        return __ldg((const uint4 *)(row + k));
+}
+
+template <int NT, bool AHEAD, class EP, bool NORM>
 static __global__ void __launch_bounds__(MAX_SLICES * 32)
     gemm_skinny(const __nv_bfloat16 *w, EP ep, int32_t N, int32_t K, const __nv_bfloat16 *x,
-                int32_t n, float *y, int32_t ldy, int32_t S)
+                int32_t n, float *y, int32_t ldy, int32_t S, cllm_cuda_norm_in nin)
 {
     constexpr int UNROLL = NT <= 2 ? 4 : 2; /* chunks whose loads are issued together */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
@@ -438,6 +509,13 @@ static __global__ void __launch_bounds__(MAX_SLICES * 32)
     extern __shared__ float skinny_part[];
     using slice_part = float[NT][4][32];
     slice_part *part = reinterpret_cast<slice_part *>(skinny_part);
+    if constexpr (NORM) { /* the rows normalized first, into shared memory after the sums */
+        static_assert(NT == 1, "a norm takes steps of CLLM_CUDA_GEMM_NORM_MAX tokens at most");
+        __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(part + S);
+        float *partial = reinterpret_cast<float *>(xs + ((int64_t)n * K + 7) / 8 * 8);
+        norm_rows(nin, n, K, xs, partial, partial + CLLM_CUDA_NORM_THREADS);
+        x = xs;
+    }
     const __nv_bfloat16 *xr[NT];
     float acc[NT][4];
 #pragma unroll
@@ -463,7 +541,7 @@ static __global__ void __launch_bounds__(MAX_SLICES * 32)
             const int32_t k = (c + u) * CHUNK + q * 8;
 #pragma unroll
             for (int j = 0; j < NT; j++)
-                vx[u][j] = load_vec(c + u < c1 ? xr[j] : NULL, k, K);
+                vx[u][j] = load_x<NORM>(c + u < c1 ? xr[j] : NULL, k, K);
         }
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
@@ -724,35 +802,40 @@ size_t cllm_cuda_gemm_scratch_bytes(int32_t N, int32_t K, int32_t n)
     return parallel_scratch(N, K, n);
 }
 
-/* The skinny kernel with as many token tiles as n needs (n <= CLLM_CUDA_GEMM_SKINNY_MAX). */
+/* The skinny kernel with as many token tiles as n needs (n <= CLLM_CUDA_GEMM_SKINNY_MAX), or
+ * (nin) normalizing its rows first (n <= CLLM_CUDA_GEMM_NORM_MAX, norm_supported). */
 template <bool AHEAD, class EP>
 static void launch_skinny_as(const __nv_bfloat16 *w, const EP &ep, int32_t N, int32_t K,
                              const __nv_bfloat16 *x, int32_t n, float *y, int32_t ldy, int32_t S,
-                             cudaStream_t stream)
+                             const cllm_cuda_norm_in *nin, cudaStream_t stream)
 {
     const unsigned row_tiles = (unsigned)((N + 15) / 16), threads = (unsigned)S * 32;
     const size_t part = (size_t)S * 4 * 32 * sizeof(float); /* per token tile */
-    if (n <= 8)
-        cllm_launch(gemm_skinny<1, AHEAD, EP>, row_tiles, threads, part, stream, w, ep, N, K, x, n,
-                    y, ldy, S);
+    const cllm_cuda_norm_in none = {NULL, NULL, NULL, 0.0f, NULL};
+    if (nin)
+        cllm_launch(gemm_skinny<1, AHEAD, EP, true>, row_tiles, threads, part + norm_smem(n, K),
+                    stream, w, ep, N, K, x, n, y, ldy, S, *nin);
+    else if (n <= 8)
+        cllm_launch(gemm_skinny<1, AHEAD, EP, false>, row_tiles, threads, part, stream, w, ep, N, K,
+                    x, n, y, ldy, S, none);
     else if (n <= 16)
-        cllm_launch(gemm_skinny<2, AHEAD, EP>, row_tiles, threads, 2 * part, stream, w, ep, N, K, x,
-                    n, y, ldy, S);
+        cllm_launch(gemm_skinny<2, AHEAD, EP, false>, row_tiles, threads, 2 * part, stream, w, ep,
+                    N, K, x, n, y, ldy, S, none);
     else
-        cllm_launch(gemm_skinny<4, AHEAD, EP>, row_tiles, threads, 4 * part, stream, w, ep, N, K, x,
-                    n, y, ldy, S);
+        cllm_launch(gemm_skinny<4, AHEAD, EP, false>, row_tiles, threads, 4 * part, stream, w, ep,
+                    N, K, x, n, y, ldy, S, none);
 }
 
 template <class EP>
 static void launch_skinny(bool ahead, const __nv_bfloat16 *w, const EP &ep, int32_t N, int32_t K,
                           const __nv_bfloat16 *x, int32_t n, float *y, int32_t ldy,
-                          cudaStream_t stream)
+                          const cllm_cuda_norm_in *nin, cudaStream_t stream)
 {
     const int32_t S = cllm_cuda_gemm_slices(N, K);
     if (ahead)
-        launch_skinny_as<true>(w, ep, N, K, x, n, y, ldy, S, stream);
+        launch_skinny_as<true>(w, ep, N, K, x, n, y, ldy, S, nin, stream);
     else
-        launch_skinny_as<false>(w, ep, N, K, x, n, y, ldy, S, stream);
+        launch_skinny_as<false>(w, ep, N, K, x, n, y, ldy, S, nin, stream);
 }
 
 /* The tiled kernel of shape T over all of n and N (partials: one slice per block, in z). */
@@ -803,6 +886,7 @@ struct gemm_call {
     void *scratch;
     size_t scratch_bytes;
     cudaStream_t stream;
+    const cllm_cuda_norm_in *norm; /* skinny steps only (checked by the caller), or NULL */
 };
 
 /* One GEMM of checked operands, one way: the skinny kernel for decode steps, else the tiled
@@ -815,10 +899,10 @@ static cudaError_t launch_way(const gemm_way &way, const gemm_call &a, int32_t n
     if (n <= CLLM_CUDA_GEMM_SKINNY_MAX) {
         if constexpr (PAIRED)
             launch_skinny(way.ahead, a.w, silu_epilogue{N / 2, (__nv_bfloat16 *)a.y, a.ldy}, N, K,
-                          a.x, n, NULL, 0, a.stream);
+                          a.x, n, NULL, 0, a.norm, a.stream);
         else
             launch_skinny(way.ahead, a.w, plain_epilogue{a.bias}, N, K, a.x, n, (float *)a.y, a.ldy,
-                          a.stream);
+                          a.norm, a.stream);
         return cudaGetLastError();
     }
     const bool parallel =
@@ -1005,7 +1089,7 @@ cudaError_t cllm_cuda_gemm_tune(const __nv_bfloat16 *const *w, int32_t n_w, int3
     for (int32_t i = 0; i < n_w; i++)
         if (!cllm_cuda_gemm_supported(w[i], x, K))
             return cudaErrorInvalidValue;
-    const gemm_call a = {w[0], NULL, N, K, x, y, ldy, scratch, scratch_bytes, stream};
+    const gemm_call a = {w[0], NULL, N, K, x, y, ldy, scratch, scratch_bytes, stream, NULL};
     cudaEvent_t start = NULL, stop = NULL;
     cudaError_t e = cudaEventCreate(&start);
     if (e == cudaSuccess)
@@ -1059,20 +1143,31 @@ cudaError_t cllm_cuda_gemm(const __nv_bfloat16 *w, const float *bias, int32_t N,
         return cudaErrorInvalidValue;
     if (N == 0 || n == 0)
         return cudaSuccess;
-    const gemm_call a = {w, bias, N, K, x, y, ldy, scratch, scratch_bytes, stream};
+    const gemm_call a = {w, bias, N, K, x, y, ldy, scratch, scratch_bytes, stream, NULL};
     return launch_way<false>(way_for(N, K, n), a, n);
+}
+
+/* A norm's operands: a step it can take, the rows it writes apart from those it reads. */
+static bool norm_ok(const cllm_cuda_norm_in *norm, int32_t n, int32_t K)
+{
+    return cllm_cuda_gemm_norm_supported(n, K) && norm->res && norm->g &&
+           (!norm->add || (norm->res_out && norm->res_out != norm->res));
 }
 
 cudaError_t cllm_cuda_gemm_gate_up_silu(const __nv_bfloat16 *w, int32_t F, int32_t K,
                                         const __nv_bfloat16 *x, int32_t n, __nv_bfloat16 *out,
                                         int32_t ldo, void *scratch, size_t scratch_bytes,
-                                        cudaStream_t stream)
+                                        const cllm_cuda_norm_in *norm, cudaStream_t stream)
 {
+    if (norm && n > 0 && !norm_ok(norm, n, K))
+        return cudaErrorInvalidValue;
+    if (norm)
+        x = w; /* unused; any 16-byte aligned pointer passes the operand check */
     if (F < 0 || F > INT32_MAX / 2 || n < 0 || ldo < F || !cllm_cuda_gemm_supported(w, x, K))
         return cudaErrorInvalidValue;
     if (F == 0 || n == 0)
         return cudaSuccess;
-    const gemm_call a = {w, NULL, 2 * F, K, x, out, ldo, scratch, scratch_bytes, stream};
+    const gemm_call a = {w, NULL, 2 * F, K, x, out, ldo, scratch, scratch_bytes, stream, norm};
     return launch_way<true>(way_for(2 * F, K, n), a, n);
 }
 
@@ -1085,13 +1180,18 @@ int cllm_cuda_gemm_rope_supported(const void *w, const void *x, int32_t K, int32
 
 cudaError_t cllm_cuda_gemm_rope_store(const __nv_bfloat16 *w, int32_t K, const __nv_bfloat16 *x,
                                       int32_t n, float *y, int32_t ldy,
-                                      const struct cllm_cuda_rope_store *r, cudaStream_t stream)
+                                      const struct cllm_cuda_rope_store *r,
+                                      const cllm_cuda_norm_in *norm, cudaStream_t stream)
 {
     const int32_t N = (r->n_head + 2 * r->n_kv) * r->head_dim;
+    if (norm && !norm_ok(norm, n, K))
+        return cudaErrorInvalidValue;
+    if (norm)
+        x = w; /* unused, as above */
     if (!cllm_cuda_gemm_rope_supported(w, x, K, n, r->head_dim) || r->n_head < 1 || r->n_kv < 1 ||
         ldy < N)
         return cudaErrorInvalidValue;
-    launch_skinny(way_for(N, K, n).ahead, w, *r, N, K, x, n, y, ldy, stream);
+    launch_skinny(way_for(N, K, n).ahead, w, *r, N, K, x, n, y, ldy, norm, stream);
     return cudaGetLastError();
 }
 
@@ -1112,10 +1212,17 @@ int cllm_cuda_gemm_rope_supported(const void *w, const void *x, int32_t K, int32
 
 cudaError_t cllm_cuda_gemm_rope_store(const __nv_bfloat16 *w, int32_t K, const __nv_bfloat16 *x,
                                       int32_t n, float *y, int32_t ldy,
-                                      const struct cllm_cuda_rope_store *r, cudaStream_t stream)
+                                      const struct cllm_cuda_rope_store *r,
+                                      const struct cllm_cuda_norm_in *norm, cudaStream_t stream)
 {
-    (void)w, (void)K, (void)x, (void)n, (void)y, (void)ldy, (void)r, (void)stream;
+    (void)w, (void)K, (void)x, (void)n, (void)y, (void)ldy, (void)r, (void)norm, (void)stream;
     return cudaErrorInvalidValue;
+}
+
+int cllm_cuda_gemm_norm_supported(int32_t n, int32_t K)
+{
+    (void)n, (void)K;
+    return 0;
 }
 
 int cllm_cuda_gemm_supported(const void *w, const void *x, int32_t K)
@@ -1152,6 +1259,12 @@ void cllm_cuda_gemm_forget_plans(void)
 {
 }
 
+int cllm_cuda_gemm_tuned(int32_t N, int32_t K, int32_t n_max)
+{
+    (void)N, (void)K, (void)n_max;
+    return 0;
+}
+
 void cllm_cuda_gemm_way(int32_t N, int32_t K, int32_t n, char *out, size_t len)
 {
     (void)N, (void)K, (void)n;
@@ -1170,10 +1283,10 @@ cudaError_t cllm_cuda_gemm(const __nv_bfloat16 *w, const float *bias, int32_t N,
 cudaError_t cllm_cuda_gemm_gate_up_silu(const __nv_bfloat16 *w, int32_t F, int32_t K,
                                         const __nv_bfloat16 *x, int32_t n, __nv_bfloat16 *out,
                                         int32_t ldo, void *scratch, size_t scratch_bytes,
-                                        cudaStream_t stream)
+                                        const struct cllm_cuda_norm_in *norm, cudaStream_t stream)
 {
     (void)w, (void)F, (void)K, (void)x, (void)n, (void)out, (void)ldo, (void)scratch,
-        (void)scratch_bytes, (void)stream;
+        (void)scratch_bytes, (void)norm, (void)stream;
     return cudaErrorInvalidValue;
 }
 

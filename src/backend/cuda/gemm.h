@@ -71,6 +71,9 @@ cudaError_t cllm_cuda_gemm_tune(const __nv_bfloat16 *const *w, int32_t n_w, int3
 size_t cllm_cuda_gemm_tune_scratch_bytes(int32_t N, int32_t K, int32_t n_max);
 /* Drops every tuned way (tests: back to the defaults). */
 void cllm_cuda_gemm_forget_plans(void);
+/* Has this process tuned [N][K] for every step size up to n_max? (A second model of the same
+ * shapes, or a second look at one, need not time them again.) */
+int cllm_cuda_gemm_tuned(int32_t N, int32_t K, int32_t n_max);
 /* The way a GEMM of this shape runs a step of n tokens, in words ("ahead", "not ahead",
  * "128x64", "256x64 parallel"): for logs and tests. */
 void cllm_cuda_gemm_way(int32_t N, int32_t K, int32_t n, char *out, size_t len);
@@ -94,14 +97,32 @@ cudaError_t cllm_cuda_gemm(const __nv_bfloat16 *w, const float *bias, int32_t N,
                            const __nv_bfloat16 *x, int32_t n, float *y, int32_t ldy, void *scratch,
                            size_t scratch_bytes, cudaStream_t stream);
 
+/* The RMSNorm before a projection, done by the projection's own blocks in decode steps (the
+ * gate/up and QKV GEMMs take one; NULL: x as given): x = rmsnorm(res + add) * g with the
+ * rmsnorm kernel's bits (kernels.h; add NULL: rmsnorm(res) * g), and res_out = res + add
+ * (another buffer than res: the other blocks still read res; not written when add is NULL).
+ * Every block normalizes the rows itself, from L2, while its first weights stream in: one
+ * kernel less, and its launch and drain, per norm. res, add, res_out [n][K] F32; g [K]. */
+struct cllm_cuda_norm_in {
+    const float *res, *add, *g;
+    float eps;
+    float *res_out;
+};
+
+/* Steps that many tokens or fewer (and K small enough for their rows in shared memory:
+ * cllm_cuda_gemm_norm_supported) take a norm. */
+#define CLLM_CUDA_GEMM_NORM_MAX 8
+int cllm_cuda_gemm_norm_supported(int32_t n, int32_t K);
+
 /* out[t][f] = bf16(silu(g) * u) with g, u rows f and F + f of y = W x[t], W the stacked
  * [gate | up] weight [2F][K] (no bias): cllm_cuda_gemm's sums for that weight (its slices) and
  * the silu_mul kernel's arithmetic, the same bits as the two, without the F32 [n][2F] buffer
- * between them. out rows of stride ldo >= F. scratch as cllm_cuda_gemm's for (2F, K, n). */
+ * between them. out rows of stride ldo >= F. scratch as cllm_cuda_gemm's for (2F, K, n). With
+ * norm (x then unused), the norm first (above). */
 cudaError_t cllm_cuda_gemm_gate_up_silu(const __nv_bfloat16 *w, int32_t F, int32_t K,
                                         const __nv_bfloat16 *x, int32_t n, __nv_bfloat16 *out,
                                         int32_t ldo, void *scratch, size_t scratch_bytes,
-                                        cudaStream_t stream);
+                                        const struct cllm_cuda_norm_in *norm, cudaStream_t stream);
 
 struct cllm_cuda_rope_store; /* kernels.h */
 
@@ -113,9 +134,10 @@ int cllm_cuda_gemm_rope_supported(const void *w, const void *x, int32_t K, int32
 /* The stacked QKV projection y = W x (no bias in the sum; W [N][K], N = (n_head + 2 n_kv)
  * head_dim) followed by what cllm_cuda_qkv_rope_store does to y -- bias, RoPE of q and k, K
  * and V into the cache -- in one kernel, with the same bits: one launch less per layer in
- * decode steps. */
+ * decode steps. With norm (x then unused), the norm first (above). */
 cudaError_t cllm_cuda_gemm_rope_store(const __nv_bfloat16 *w, int32_t K, const __nv_bfloat16 *x,
                                       int32_t n, float *y, int32_t ldy,
-                                      const struct cllm_cuda_rope_store *r, cudaStream_t stream);
+                                      const struct cllm_cuda_rope_store *r,
+                                      const struct cllm_cuda_norm_in *norm, cudaStream_t stream);
 
 #endif

@@ -18,23 +18,6 @@ static unsigned grid_for(int64_t n)
     return (unsigned)(g < 65535 * 16 ? g : 65535 * 16); /* grid-stride loops cover the rest */
 }
 
-/* Sum over the block; every thread gets the result. blockDim.x must be a multiple of 32. */
-static __device__ float block_sum(float v)
-{
-    __shared__ float warp_sums[32];
-    for (int o = 16; o > 0; o >>= 1)
-        v += cllm_shfl_xor(v, o);
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
-    if (lane == 0)
-        warp_sums[warp] = v;
-    __syncthreads();
-    v = lane < n_warps ? warp_sums[lane] : 0.0f;
-    for (int o = 16; o > 0; o >>= 1)
-        v += cllm_shfl_xor(v, o);
-    __syncthreads(); /* warp_sums may be reused by the next call */
-    return v;
-}
-
 /* --- embed --- */
 
 static __global__ void embed_kernel(const __nv_bfloat16 *table, int32_t dim, const int32_t *tokens,
@@ -58,28 +41,35 @@ cudaError_t cllm_cuda_embed(const __nv_bfloat16 *table, int64_t n_rows, int32_t 
 
 /* --- rmsnorm, add_rmsnorm --- */
 
-static __global__ void rmsnorm_kernel(float *res, const float *x, const float *w, float eps,
-                                      int32_t dim, __nv_bfloat16 *out)
+/* A block of CLLM_CUDA_NORM_THREADS threads per row; its sums are kernels.h's, which the GEMMs
+ * that normalize their own input compute too. */
+static __global__ void __launch_bounds__(CLLM_CUDA_NORM_THREADS)
+    rmsnorm_kernel(float *res, const float *x, const float *w, float eps, int32_t dim,
+                   __nv_bfloat16 *out)
 {
     cllm_pdl_wait();
+    __shared__ float partial[CLLM_CUDA_NORM_THREADS];
+    __shared__ float total;
     int64_t base = (int64_t)blockIdx.x * dim;
     const float *xr = x + base;
     float *rr = res ? res + base : NULL;
-    float sum = 0.0f;
-    for (int32_t d = threadIdx.x; d < dim; d += blockDim.x) {
-        float v = xr[d];
-        if (rr) {
-            v = __fadd_rn(rr[d], v);
-            rr[d] = v;
-        }
-        sum = __fmaf_rn(v, v, sum);
+    const float *src = rr ? rr : xr, *add = rr ? xr : NULL; /* stream + what is added to it */
+    partial[threadIdx.x] = cllm_cuda_norm_partial(src, add, (int32_t)threadIdx.x, dim);
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        const float sum = cllm_cuda_norm_sum(partial);
+        if (threadIdx.x == 0)
+            total = sum;
     }
-    sum = block_sum(sum);
-    float scale = 1.0f / sqrtf(sum / (float)dim + eps);
-    const float *src = rr ? rr : xr; /* each thread re-reads only what it wrote */
+    __syncthreads();
+    const float scale = cllm_cuda_norm_scale(total, dim, eps);
     __nv_bfloat16 *o = out + base;
-    for (int32_t d = threadIdx.x; d < dim; d += blockDim.x)
-        o[d] = __float2bfloat16_rn(__fmul_rn(w[d], __fmul_rn(src[d], scale)));
+    for (int32_t d = threadIdx.x; d < dim; d += blockDim.x) {
+        const float v = cllm_cuda_norm_value(src, add, d); /* d is this thread's alone */
+        if (rr)
+            rr[d] = v;
+        o[d] = cllm_cuda_norm_out(w[d], v, scale);
+    }
 }
 
 cudaError_t cllm_cuda_rmsnorm(float *res, const float *x, const float *w, float eps, int32_t n,
@@ -87,7 +77,8 @@ cudaError_t cllm_cuda_rmsnorm(float *res, const float *x, const float *w, float 
 {
     if (n <= 0)
         return cudaSuccess;
-    return cllm_launch(rmsnorm_kernel, n, BLOCK, 0, stream, res, x, w, eps, dim, out);
+    return cllm_launch(rmsnorm_kernel, n, CLLM_CUDA_NORM_THREADS, 0, stream, res, x, w, eps, dim,
+                       out);
 }
 
 /* --- bias --- */

@@ -13,6 +13,8 @@
 
 #include <stdint.h>
 
+#include "backend/cuda/warp.h"
+
 /* Largest head_dim / 2 the RoPE kernel takes its frequencies for (by value). */
 #define CLLM_CUDA_MAX_HALF_DIM 128
 
@@ -66,6 +68,55 @@ struct cllm_cuda_batch {
 
 cudaError_t cllm_cuda_embed(const __nv_bfloat16 *table, int64_t n_rows, int32_t dim,
                             const int32_t *tokens, int32_t n, float *out, cudaStream_t stream);
+
+/* The RMSNorm's arithmetic, shared by the rmsnorm kernel and the GEMMs that normalize their
+ * own input (gemm.h, cllm_cuda_norm_in), so that both give the same bits: the sum of squares
+ * as CLLM_CUDA_NORM_THREADS partial sums (cllm_cuda_norm_partial), summed by one warp
+ * (cllm_cuda_norm_sum), whatever the width of the block that computes them. */
+#define CLLM_CUDA_NORM_THREADS 256
+/* The value normalized at d: the residual stream plus what is added to it, or the stream. */
+static __device__ __forceinline__ float cllm_cuda_norm_value(const float *res, const float *add,
+                                                             int32_t d)
+{
+    return add ? __fadd_rn(res[d], add[d]) : res[d];
+}
+/* Partial sum t (< CLLM_CUDA_NORM_THREADS): v * v over d = t, t + 256, ... in order (FMA). */
+static __device__ __forceinline__ float cllm_cuda_norm_partial(const float *res, const float *add,
+                                                               int32_t t, int32_t dim)
+{
+    float sum = 0.0f;
+    for (int32_t d = t; d < dim; d += CLLM_CUDA_NORM_THREADS) {
+        const float v = cllm_cuda_norm_value(res, add, d);
+        sum = __fmaf_rn(v, v, sum);
+    }
+    return sum;
+}
+/* The sum of partial[0 .. CLLM_CUDA_NORM_THREADS) (shared memory), called by all 32 lanes of
+ * one warp, each of which gets it: an xor butterfly over each 32 of them, then one over those
+ * 8 sums (with zeros). */
+static __device__ __forceinline__ float cllm_cuda_norm_sum(const float *partial)
+{
+    const int lane = threadIdx.x % 32;
+    float mine = 0.0f;
+    for (int w = 0; w < CLLM_CUDA_NORM_THREADS / 32; w++) {
+        float v = partial[w * 32 + lane];
+        for (int o = 16; o > 0; o >>= 1)
+            v += cllm_shfl_xor(v, o);
+        if (lane == w)
+            mine = v;
+    }
+    for (int o = 16; o > 0; o >>= 1)
+        mine += cllm_shfl_xor(mine, o);
+    return mine;
+}
+static __device__ __forceinline__ float cllm_cuda_norm_scale(float sum, int32_t dim, float eps)
+{
+    return 1.0f / sqrtf(sum / (float)dim + eps);
+}
+static __device__ __forceinline__ __nv_bfloat16 cllm_cuda_norm_out(float w, float v, float scale)
+{
+    return __float2bfloat16_rn(__fmul_rn(w, __fmul_rn(v, scale)));
+}
 
 /* res (if non-NULL) += x; out = bf16(rmsnorm(res or x) * w). */
 cudaError_t cllm_cuda_rmsnorm(float *res, const float *x, const float *w, float eps, int32_t n,
