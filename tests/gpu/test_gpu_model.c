@@ -167,6 +167,23 @@ static bool greedy(struct runner *r, int32_t n_seqs, int32_t *const *prompts, co
     return true;
 }
 
+/* r's greedy tokens for the prompts against a second runner's, opened with the model switch
+ * `env`=1 (read when a model opens): the same, or `what` fails. */
+static void same_greedy_with(struct runner *r, const struct cllm_model_files *mf,
+                             struct cllm_backend *be, const char *env, int32_t n_seqs,
+                             int32_t *const *prompts, const int32_t *lens, const char *what)
+{
+    setenv(env, "1", 1);
+    struct runner other;
+    if (open_runner(&other, mf, be, false)) {
+        int32_t a[MAX_SEQS][N_GREEDY], b[MAX_SEQS][N_GREEDY];
+        if (greedy(r, n_seqs, prompts, lens, a) && greedy(&other, n_seqs, prompts, lens, b))
+            CHECKF(memcmp(a, b, sizeof(int32_t) * N_GREEDY * (size_t)n_seqs) == 0, "%s", what);
+        close_runner(&other);
+    }
+    unsetenv(env);
+}
+
 /* greedy() with run-ahead, as the engine runs a GPU: decode step k + 1 is launched before
  * step k is waited for, its tokens referring to step k's draw on the device (-1 - s). */
 static bool greedy_ahead(struct runner *r, int32_t n_seqs, int32_t *const *prompts,
@@ -320,30 +337,12 @@ int main(void)
         CHECKF(memcmp(ahead, together, sizeof(int32_t) * N_GREEDY * (size_t)nb) == 0,
                "run-ahead decoding gives other tokens than one step at a time");
 
-    /* recorded steps vs ops issued one by one */
-    setenv("CLLM_NO_GRAPHS", "1", 1);
-    struct runner plain;
-    if (open_runner(&plain, mf, be, false)) {
-        int32_t recorded[MAX_SEQS][N_GREEDY], direct[MAX_SEQS][N_GREEDY];
-        if (greedy(&r, nb, prompts, lens, recorded) && greedy(&plain, nb, prompts, lens, direct))
-            CHECKF(memcmp(recorded, direct, sizeof(int32_t) * N_GREEDY * (size_t)nb) == 0,
-                   "recorded decode steps give other tokens than direct ones");
-        close_runner(&plain);
-    }
-    unsetenv("CLLM_NO_GRAPHS");
-
-    /* norms applied by the projections themselves (decode steps of <= 8 sequences) vs every
-     * norm its own op */
-    setenv("CLLM_NORMS_APART", "1", 1);
-    struct runner apart;
-    if (open_runner(&apart, mf, be, false)) {
-        int32_t inside[MAX_SEQS][N_GREEDY], alone_ops[MAX_SEQS][N_GREEDY];
-        if (greedy(&r, nb, prompts, lens, inside) && greedy(&apart, nb, prompts, lens, alone_ops))
-            CHECKF(memcmp(inside, alone_ops, sizeof(int32_t) * N_GREEDY * (size_t)nb) == 0,
-                   "norms in the projections give other tokens than norms apart");
-        close_runner(&apart);
-    }
-    unsetenv("CLLM_NORMS_APART");
+    /* recorded steps vs ops issued one by one; norms applied by the projections themselves
+     * (decode steps of <= 8 sequences) vs every norm its own op */
+    same_greedy_with(&r, mf, be, "CLLM_NO_GRAPHS", nb, prompts, lens,
+                     "recorded decode steps give other tokens than direct ones");
+    same_greedy_with(&r, mf, be, "CLLM_NORMS_APART", nb, prompts, lens,
+                     "norms in the projections give other tokens than norms apart");
 
     if (out_path) {
         cJSON *doc = cJSON_CreateObject();

@@ -41,6 +41,15 @@ static float *randv(int64_t n, float scale)
     return v;
 }
 
+/* x rounded to BF16 (malloc'd bits). */
+static uint16_t *bf16_of(const float *x, int64_t n)
+{
+    uint16_t *b = malloc((size_t)n * 2);
+    for (int64_t i = 0; i < n; i++)
+        b[i] = cllm_f32_to_bf16(x[i]);
+    return b;
+}
+
 static struct cllm_backend *cpu, *gpu;
 static const struct cllm_backend_iface *G;
 /* Our GEMM (gemm.cu) runs the matmuls: then its fused variants exist and it is batch-invariant.
@@ -196,9 +205,7 @@ static void test_matmul(int32_t K, int32_t N, int32_t n)
     make_weight(&w2, K, 17, 0.05f);
     make_weight(&b, N, 1, 1.0f);
     float *x = randv((int64_t)n * K, 1.0f);
-    uint16_t *xb = malloc((size_t)n * K * 2);
-    for (int64_t i = 0; i < (int64_t)n * K; i++)
-        xb[i] = cllm_f32_to_bf16(x[i]);
+    uint16_t *xb = bf16_of(x, (int64_t)n * K);
     int32_t ldy = N + 17 + 5;
     float *ref = malloc((size_t)n * ldy * 4);
     for (int32_t t = 0; t < n; t++)
@@ -262,9 +269,8 @@ static void test_matmul_invariance(int32_t K, int32_t N)
     make_weight(&w, K, N, 0.05f);
     make_weight(&b, N, 1, 1.0f);
     float *x = randv((int64_t)n_max * K, 1.0f);
-    uint16_t *xb = malloc((size_t)n_max * K * 2), *xs = malloc((size_t)n_max * K * 2);
-    for (int64_t i = 0; i < (int64_t)n_max * K; i++)
-        xb[i] = cllm_f32_to_bf16(x[i]);
+    uint16_t *xb = bf16_of(x, (int64_t)n_max * K);
+    uint16_t *xs = malloc((size_t)n_max * K * 2);
     void *x_d = dev_upload(xb, (size_t)n_max * K * 2), *y_d = dev_poisoned((size_t)n_max * N * 4);
     CHECK(G->matmul(gpu, &w.g, &b.g, x_d, n_max, y_d, N) == CLLM_OK);
     float *y_all = download_f32(y_d, (int64_t)n_max * N);
@@ -302,9 +308,7 @@ static void test_matmul_gate_up_silu(int32_t K, int32_t F)
     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
         int32_t n = sizes[si];
         float *x = randv((int64_t)n * K, 1.0f);
-        uint16_t *xb = malloc((size_t)n * K * 2);
-        for (int64_t i = 0; i < (int64_t)n * K; i++)
-            xb[i] = cllm_f32_to_bf16(x[i]);
+        uint16_t *xb = bf16_of(x, (int64_t)n * K);
         void *x_d = dev_upload(xb, (size_t)n * K * 2), *gu_d = dev_poisoned((size_t)n * 2 * F * 4);
         void *ref_d = dev_poisoned((size_t)n * F * 2), *out_d = dev_poisoned((size_t)n * F * 2);
         CHECK(G->matmul(gpu, &w.g, NULL, x_d, n, gu_d, 2 * F) == CLLM_OK);
@@ -346,9 +350,7 @@ static void test_tune_matmul(int32_t K, int32_t F, int32_t n_max)
     make_weight(&other, K, N + 16, 0.05f);
     const struct cllm_weight *ws[] = {&w.g, &w2.g};
     float *x = randv((int64_t)n_max * K, 1.0f);
-    uint16_t *xb = malloc((size_t)n_max * K * 2);
-    for (int64_t i = 0; i < (int64_t)n_max * K; i++)
-        xb[i] = cllm_f32_to_bf16(x[i]);
+    uint16_t *xb = bf16_of(x, (int64_t)n_max * K);
     void *x_d = dev_upload(xb, (size_t)n_max * K * 2);
     void *y_d = dev_poisoned((size_t)n_max * N * 4), *ff_d = dev_poisoned((size_t)n_max * F * 2);
     float *before[5];
@@ -420,9 +422,7 @@ static void test_matmul_rope_store(int32_t n_head, int32_t n_kv, int32_t hd, int
         void *pos_d = dev_upload(pos, (size_t)n * 4), *slot_d = dev_upload(slot, (size_t)n * 4);
         struct cllm_attn_batch ab = {n, pos_d, pos_d, slot_d, NULL, 0, 16, 0};
         float *x = randv((int64_t)n * K, 1.0f);
-        uint16_t *xb = malloc((size_t)n * K * 2);
-        for (int64_t i = 0; i < (int64_t)n * K; i++)
-            xb[i] = cllm_f32_to_bf16(x[i]);
+        uint16_t *xb = bf16_of(x, (int64_t)n * K);
         void *x_d = dev_upload(xb, (size_t)n * K * 2);
         void *y_d = dev_poisoned((size_t)n * N * 4), *y2_d = dev_poisoned((size_t)n * N * 4);
         void *k_d = dev_poisoned((size_t)n_slots * KV * 2),
@@ -817,9 +817,7 @@ static void test_graph_short_scratch(const struct cllm_backend_options *og)
     struct wpair w;
     make_weight(&w, K, N, 0.05f);
     float *x = randv(n * K, 1.0f);
-    uint16_t *xb = malloc((size_t)n * K * 2);
-    for (int i = 0; i < n * K; i++)
-        xb[i] = cllm_f32_to_bf16(x[i]);
+    uint16_t *xb = bf16_of(x, (int64_t)n * K);
     void *x_d = NULL, *y_d = NULL;
     CHECK(G->alloc(gpu, n * K * 2, &x_d) == CLLM_OK && G->alloc(gpu, n * N * 4, &y_d) == CLLM_OK);
     CHECK(G->upload(gpu, x_d, xb, (size_t)n * K * 2) == CLLM_OK);

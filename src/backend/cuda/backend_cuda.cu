@@ -464,7 +464,10 @@ static bool gemm_norm(const struct cllm_norm_in *norm, int32_t n, int32_t K,
 {
     if (!norm || norm->g->dtype != CLLM_DTYPE_F32 || norm->g->ne[0] != K ||
         !cllm_cuda_gemm_norm_supported(n, K) ||
-        (norm->add && (!norm->out || norm->out == norm->res)))
+        (norm->add && (!norm->out || norm->out == norm->res)) ||
+        ((uintptr_t)norm->res | (uintptr_t)norm->add | (uintptr_t)norm->out |
+         (uintptr_t)norm->g->data) %
+            16) /* the GEMM loads 4 floats at a time */
         return false;
     out->res = norm->res, out->add = norm->add, out->g = (const float *)norm->g->data;
     out->eps = norm->eps, out->res_out = norm->out;

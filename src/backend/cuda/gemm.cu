@@ -431,15 +431,17 @@ load_w_chunks(uint4 (&vl)[UNROLL], uint4 (&vh)[UNROLL], const __nv_bfloat16 *w_l
 /* The norm of cllm_cuda_norm_in (gemm.h) for a block's n <= CLLM_CUDA_GEMM_NORM_MAX rows, into
  * xs [n][K] BF16 (shared memory); block 0 also writes res_out. The rmsnorm kernel's sums
  * (kernels.h): its CLLM_CUDA_NORM_THREADS partial sums, computed by this block's threads,
- * summed by warp 0 -- so the rows get the kernel's bits whatever this block's width. */
+ * summed by warp 0 -- so the rows get the kernel's bits whatever this block's width. Loads of
+ * 16 bytes, so that a block of 2 warps (gate/up) needs few rounds of L2 latency. */
 static __device__ void norm_rows(const cllm_cuda_norm_in &nin, int32_t n, int32_t K,
                                  __nv_bfloat16 *xs, float *partial, float *scale)
 {
     for (int32_t j = 0; j < n; j++) {
         const float *res = nin.res + (int64_t)j * K;
         const float *add = nin.add ? nin.add + (int64_t)j * K : NULL;
-        for (int t = threadIdx.x; t < CLLM_CUDA_NORM_THREADS; t += blockDim.x)
-            partial[t] = cllm_cuda_norm_partial(res, add, t, K);
+        /* four partial sums a thread (K % 8 == 0): one round of loads for blocks of 64+ */
+        for (int t = threadIdx.x * 4; t < CLLM_CUDA_NORM_THREADS; t += blockDim.x * 4)
+            *(float4 *)&partial[t] = cllm_cuda_norm_partial4(res, add, t, K);
         __syncthreads();
         if (threadIdx.x < 32) {
             const float sum = cllm_cuda_norm_sum(partial);
@@ -448,14 +450,23 @@ static __device__ void norm_rows(const cllm_cuda_norm_in &nin, int32_t n, int32_
         }
         __syncthreads(); /* scale[j] is seen; partial may be written again */
     }
+    /* the rows, 4 elements a thread at a time (16-byte loads; K % 8 == 0) */
     const bool keep = nin.add && nin.res_out && blockIdx.x == 0;
-    for (int64_t i = threadIdx.x; i < (int64_t)n * K; i += blockDim.x) {
+#pragma unroll 4
+    for (int64_t i = threadIdx.x * 4; i < (int64_t)n * K; i += blockDim.x * 4) {
         const int32_t j = (int32_t)(i / K), d = (int32_t)(i % K);
-        const float v = cllm_cuda_norm_value(nin.res + (int64_t)j * K,
-                                             nin.add ? nin.add + (int64_t)j * K : NULL, d);
-        xs[i] = cllm_cuda_norm_out(nin.g[d], v, scale[j]);
+        float4 v = *(const float4 *)(nin.res + i);
+        if (nin.add) {
+            const float4 a = *(const float4 *)(nin.add + i);
+            v.x = __fadd_rn(v.x, a.x), v.y = __fadd_rn(v.y, a.y);
+            v.z = __fadd_rn(v.z, a.z), v.w = __fadd_rn(v.w, a.w);
+        }
+        const float4 w = *(const float4 *)(nin.g + d);
+        const float sc = scale[j];
+        xs[i] = cllm_cuda_norm_out(w.x, v.x, sc), xs[i + 1] = cllm_cuda_norm_out(w.y, v.y, sc);
+        xs[i + 2] = cllm_cuda_norm_out(w.z, v.z, sc), xs[i + 3] = cllm_cuda_norm_out(w.w, v.w, sc);
         if (keep)
-            nin.res_out[i] = v;
+            *(float4 *)(nin.res_out + i) = v;
     }
     __syncthreads();
 }
@@ -1147,10 +1158,13 @@ cudaError_t cllm_cuda_gemm(const __nv_bfloat16 *w, const float *bias, int32_t N,
     return launch_way<false>(way_for(N, K, n), a, n);
 }
 
-/* A norm's operands: a step it can take, the rows it writes apart from those it reads. */
+/* A norm's operands: a step it can take, the rows it writes apart from those it reads, each
+ * 16-byte aligned (the norm loads 4 floats at a time). */
 static bool norm_ok(const cllm_cuda_norm_in *norm, int32_t n, int32_t K)
 {
-    return cllm_cuda_gemm_norm_supported(n, K) && norm->res && norm->g &&
+    const auto aligned = [](const void *p) { return (uintptr_t)p % 16 == 0; };
+    return cllm_cuda_gemm_norm_supported(n, K) && norm->res && norm->g && aligned(norm->res) &&
+           aligned(norm->g) && aligned(norm->add) && aligned(norm->res_out) &&
            (!norm->add || (norm->res_out && norm->res_out != norm->res));
 }
 

@@ -48,13 +48,17 @@ static __global__ void __launch_bounds__(CLLM_CUDA_NORM_THREADS)
                    __nv_bfloat16 *out)
 {
     cllm_pdl_wait();
-    __shared__ float partial[CLLM_CUDA_NORM_THREADS];
+    __shared__ __align__(16) float partial[CLLM_CUDA_NORM_THREADS];
     __shared__ float total;
     int64_t base = (int64_t)blockIdx.x * dim;
     const float *xr = x + base;
     float *rr = res ? res + base : NULL;
     const float *src = rr ? rr : xr, *add = rr ? xr : NULL; /* stream + what is added to it */
-    partial[threadIdx.x] = cllm_cuda_norm_partial(src, add, (int32_t)threadIdx.x, dim);
+    if (dim % 4) /* (the model's widths are multiples of 8: the other path) */
+        partial[threadIdx.x] = cllm_cuda_norm_partial(src, add, (int32_t)threadIdx.x, dim);
+    else if (threadIdx.x < CLLM_CUDA_NORM_THREADS / 4) /* the GEMMs' way: the same sums */
+        *(float4 *)&partial[threadIdx.x * 4] =
+            cllm_cuda_norm_partial4(src, add, (int32_t)threadIdx.x * 4, dim);
     __syncthreads();
     if (threadIdx.x < 32) {
         const float sum = cllm_cuda_norm_sum(partial);

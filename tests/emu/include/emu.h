@@ -46,6 +46,11 @@ static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) {
 struct alignas(8) float2 { float x, y; };
 struct alignas(16) float4 { float x, y, z, w; };
 static inline float2 make_float2(float x, float y) { float2 r = {x, y}; return r; }
+static inline float4 make_float4(float x, float y, float z, float w)
+{
+    float4 r = {x, y, z, w};
+    return r;
+}
 
 /* BF16: a 16-bit struct; conversions as cuda_bf16.h (round to nearest even, NaN kept quiet) */
 struct __nv_bfloat16 { unsigned short __x; };
