@@ -455,12 +455,7 @@ static __device__ void norm_rows(const cllm_cuda_norm_in &nin, int32_t n, int32_
 #pragma unroll 4
     for (int64_t i = threadIdx.x * 4; i < (int64_t)n * K; i += blockDim.x * 4) {
         const int32_t j = (int32_t)(i / K), d = (int32_t)(i % K);
-        float4 v = *(const float4 *)(nin.res + i);
-        if (nin.add) {
-            const float4 a = *(const float4 *)(nin.add + i);
-            v.x = __fadd_rn(v.x, a.x), v.y = __fadd_rn(v.y, a.y);
-            v.z = __fadd_rn(v.z, a.z), v.w = __fadd_rn(v.w, a.w);
-        }
+        const float4 v = cllm_cuda_norm_value4(nin.res, nin.add, i);
         const float4 w = *(const float4 *)(nin.g + d);
         const float sc = scale[j];
         xs[i] = cllm_cuda_norm_out(w.x, v.x, sc), xs[i + 1] = cllm_cuda_norm_out(w.y, v.y, sc);

@@ -80,6 +80,18 @@ static __device__ __forceinline__ float cllm_cuda_norm_value(const float *res, c
 {
     return add ? __fadd_rn(res[d], add[d]) : res[d];
 }
+/* cllm_cuda_norm_value at d .. d + 3 (16-byte aligned). */
+static __device__ __forceinline__ float4 cllm_cuda_norm_value4(const float *res, const float *add,
+                                                               int64_t d)
+{
+    float4 v = *(const float4 *)(res + d);
+    if (add) {
+        const float4 a = *(const float4 *)(add + d);
+        v.x = __fadd_rn(v.x, a.x), v.y = __fadd_rn(v.y, a.y);
+        v.z = __fadd_rn(v.z, a.z), v.w = __fadd_rn(v.w, a.w);
+    }
+    return v;
+}
 /* Partial sum t (< CLLM_CUDA_NORM_THREADS): v * v over d = t, t + 256, ... in order (FMA). */
 static __device__ __forceinline__ float cllm_cuda_norm_partial(const float *res, const float *add,
                                                                int32_t t, int32_t dim)
@@ -101,12 +113,7 @@ static __device__ __forceinline__ float4 cllm_cuda_norm_partial4(const float *re
     float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 4
     for (int32_t d = t; d < dim; d += CLLM_CUDA_NORM_THREADS) {
-        float4 v = *(const float4 *)(res + d);
-        if (add) {
-            const float4 a = *(const float4 *)(add + d);
-            v.x = __fadd_rn(v.x, a.x), v.y = __fadd_rn(v.y, a.y);
-            v.z = __fadd_rn(v.z, a.z), v.w = __fadd_rn(v.w, a.w);
-        }
+        const float4 v = cllm_cuda_norm_value4(res, add, d);
         sum.x = __fmaf_rn(v.x, v.x, sum.x), sum.y = __fmaf_rn(v.y, v.y, sum.y);
         sum.z = __fmaf_rn(v.z, v.z, sum.z), sum.w = __fmaf_rn(v.w, v.w, sum.w);
     }
