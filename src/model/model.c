@@ -456,12 +456,23 @@ static enum cllm_status check_step(const struct cllm_model *m, const struct cllm
 
 /* The bucket a step of decode tokens only (one token per sequence, each an output, in
  * order) is padded to, or 0: such steps are recorded once per shape and then replayed. */
+/* Does every row of the step want logits, in order (decode steps)? (host arrays) */
+static bool outputs_every_row(const struct cllm_step *s)
+{
+    if (s->n_outputs != s->n_tokens)
+        return false;
+    for (int32_t t = 0; t < s->n_tokens; t++)
+        if (s->outputs[t] != t)
+            return false;
+    return true;
+}
+
 static int32_t graph_bucket(const struct cllm_model *m, const struct cllm_step *s)
 {
-    if (m->graphs_off || s->n_outputs != s->n_tokens || s->n_seqs != s->n_tokens)
+    if (m->graphs_off || s->n_seqs != s->n_tokens || !outputs_every_row(s))
         return 0;
     for (int32_t t = 0; t < s->n_tokens; t++)
-        if (s->outputs[t] != t || s->seq[t] != t)
+        if (s->seq[t] != t)
             return 0;
     for (int32_t i = 0; i < N_GRAPH_BUCKETS; i++) {
         int32_t b = graph_buckets[i];
@@ -658,9 +669,11 @@ static enum cllm_status project(struct cllm_model *m, const struct proj *p, cons
     return CLLM_OK;
 }
 
-/* Queues the whole forward pass of a device-side step, up to the logits of its outputs. */
+/* Queues the whole forward pass of a device-side step, up to the logits of its outputs
+ * (every_row: they are the step's rows in order, so no rows are gathered). */
 static enum cllm_status issue_ops(struct cllm_model *m, struct cllm_kv_cache *kv,
-                                  const struct cllm_step *s, const struct cllm_attn_batch *ab)
+                                  const struct cllm_step *s, const struct cllm_attn_batch *ab,
+                                  bool every_row)
 {
     enum cllm_status st;
     struct cllm_backend *b = m->be;
@@ -694,11 +707,15 @@ static enum cllm_status issue_ops(struct cllm_model *m, struct cllm_kv_cache *kv
         TRY(feed_forward(m, L, n, &nin, &rs));
     }
     if (s->n_outputs > 0) {
-        /* Only the rows that need logits take the last residual add, norm and LM head. */
-        TRY(be->gather_rows(b, rs.res, s->outputs, s->n_outputs, E, m->out_x));
-        TRY(be->gather_rows(b, m->ffo, s->outputs, s->n_outputs, E, m->out_ffo));
-        TRY(be->add_rmsnorm(b, m->out_x, m->out_ffo, &m->output_norm, hp->rms_eps, s->n_outputs, E,
-                            m->out_n));
+        /* Only the rows that need logits take the last residual add, norm and LM head: the
+         * step's own rows where they are all wanted (two launches fewer a decode step). */
+        float *res = rs.res, *add = m->ffo;
+        if (!every_row) {
+            TRY(be->gather_rows(b, rs.res, s->outputs, s->n_outputs, E, m->out_x));
+            TRY(be->gather_rows(b, m->ffo, s->outputs, s->n_outputs, E, m->out_ffo));
+            res = m->out_x, add = m->out_ffo;
+        }
+        TRY(be->add_rmsnorm(b, res, add, &m->output_norm, hp->rms_eps, s->n_outputs, E, m->out_n));
         TRY(be->matmul(b, &m->output, NULL, m->out_n, s->n_outputs, m->logits_dev, hp->n_vocab));
     }
 #undef TRY
@@ -742,8 +759,9 @@ static enum cllm_status run_step(struct cllm_model *m, struct cllm_kv_cache *kv,
     struct cllm_attn_batch ab = {s.n_tokens,    s.pos,        s.seq,          s.slot,
                                  s.block_table, s.max_blocks, kv->block_size, max_len};
     const struct cllm_backend_iface *be = m->be->iface;
+    const bool every_row = bucket || outputs_every_row(step); /* padded steps: every row */
     if (!bucket)
-        return issue_ops(m, kv, &s, &ab);
+        return issue_ops(m, kv, &s, &ab, every_row);
     uint64_t key = mix64(mix64(mix64(mix64((uint64_t)bucket, (uint64_t)max_len), m->step_i32_gen),
                                (uint64_t)(uintptr_t)kv->k[0]),
                          (uint64_t)s.max_blocks * 65536u + (uint64_t)kv->block_size);
@@ -752,7 +770,7 @@ static enum cllm_status run_step(struct cllm_model *m, struct cllm_kv_cache *kv,
         return st;
     if (replayed)
         return CLLM_OK;
-    st = issue_ops(m, kv, &s, &ab);
+    st = issue_ops(m, kv, &s, &ab, every_row);
     enum cllm_status end = be->graph_end(m->be, key);
     if (st == CLLM_OK && end == CLLM_OK)
         return CLLM_OK;
@@ -760,7 +778,7 @@ static enum cllm_status run_step(struct cllm_model *m, struct cllm_kv_cache *kv,
     cllm_log(CLLM_LOG_WARN, "model: recording a %d-row step failed (%s); running steps unrecorded",
              (int)bucket, cllm_status_str(st ? st : end));
     m->graphs_off = true;
-    return issue_ops(m, kv, &s, &ab);
+    return issue_ops(m, kv, &s, &ab, every_row);
 }
 
 /* Runs a checked step to the end and brings its logits to m->logits_host. */

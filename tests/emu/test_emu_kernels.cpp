@@ -574,7 +574,21 @@ static void test_gemm_norm(int32_t K)
     std::vector<float> big((size_t)(n_max + 1) * K), q((size_t)(n_max + 1) * NQ);
     std::vector<__nv_bfloat16> ff((size_t)(n_max + 1) * F);
     cllm_cuda_norm_in nin = {big.data(), big.data(), g.data(), 1e-6f, q.data()};
-    CHECK(!cllm_cuda_gemm_norm_supported(n_max + 1, K));
+    CHECK(cllm_cuda_gemm_norm_supported(&nin, n_max, K));
+    CHECK(!cllm_cuda_gemm_norm_supported(&nin, n_max + 1, K));
+    CHECK(!cllm_cuda_gemm_norm_supported(&nin, 1, K + 4)); /* K not a multiple of 8 */
+    /* an operand off the 16-byte grid */
+    for (int bad = 0; bad < 4; bad++) {
+        cllm_cuda_norm_in off = nin;
+        const float **p[] = {&off.res, &off.add, &off.g, (const float **)&off.res_out};
+        *p[bad] += 1;
+        CHECKF(!cllm_cuda_gemm_norm_supported(&off, 1, K), "misaligned operand %d taken", bad);
+    }
+    cllm_cuda_norm_in in_place = nin;
+    in_place.res_out = big.data();
+    CHECK(!cllm_cuda_gemm_norm_supported(&in_place, 1, K));
+    in_place.add = NULL; /* nothing to add: res_out unused */
+    CHECK(cllm_cuda_gemm_norm_supported(&in_place, 1, K));
     CHECK(cllm_cuda_gemm_gate_up_silu(wg.data(), F, K, NULL, n_max + 1, ff.data(), F, NULL, 0, &nin,
                                       0) == cudaErrorInvalidValue);
     nin.res_out = big.data();

@@ -346,18 +346,25 @@ static enum cllm_status cu_add_rmsnorm(struct cllm_backend *be, float *res, cons
 
 static void drop_graphs(struct cuda *c);
 
-/* Replaces the device buffer *p of *size bytes by one of need bytes if it is smaller (its
- * contents are not kept). */
-static enum cllm_status grow_device_buffer(void **p, size_t *size, size_t need, const char *what)
+/* Replaces the device buffer *p of *size bytes by one of `bytes` (its contents are not kept;
+ * if cudaMalloc fails, by none). */
+static cudaError_t replace_device_buffer(void **p, size_t *size, size_t bytes)
 {
-    if (need <= *size)
-        return CLLM_OK;
     cudaFree(*p);
     *p = NULL;
     *size = 0;
-    TRY(check_cuda(cudaMalloc(p, need), what));
-    *size = need;
-    return CLLM_OK;
+    cudaError_t e = cudaMalloc(p, bytes);
+    if (e != cudaSuccess)
+        *p = NULL;
+    else
+        *size = bytes;
+    return e;
+}
+
+/* Replaces the device buffer *p of *size bytes by one of need bytes if it is smaller. */
+static enum cllm_status grow_device_buffer(void **p, size_t *size, size_t need, const char *what)
+{
+    return need <= *size ? CLLM_OK : check_cuda(replace_device_buffer(p, size, need), what);
 }
 
 /* Grows a device buffer recorded steps point into: outside recordings only (a recording may
@@ -462,16 +469,11 @@ static enum cllm_status cu_matmul(struct cllm_backend *be, const struct cllm_wei
 static bool gemm_norm(const struct cllm_norm_in *norm, int32_t n, int32_t K,
                       struct cllm_cuda_norm_in *out)
 {
-    if (!norm || norm->g->dtype != CLLM_DTYPE_F32 || norm->g->ne[0] != K ||
-        !cllm_cuda_gemm_norm_supported(n, K) ||
-        (norm->add && (!norm->out || norm->out == norm->res)) ||
-        ((uintptr_t)norm->res | (uintptr_t)norm->add | (uintptr_t)norm->out |
-         (uintptr_t)norm->g->data) %
-            16) /* the GEMM loads 4 floats at a time */
+    if (!norm || norm->g->dtype != CLLM_DTYPE_F32 || norm->g->ne[0] != K)
         return false;
     out->res = norm->res, out->add = norm->add, out->g = (const float *)norm->g->data;
     out->eps = norm->eps, out->res_out = norm->out;
-    return true;
+    return cllm_cuda_gemm_norm_supported(out, n, K);
 }
 
 static enum cllm_status cu_matmul_gate_up_silu(struct cllm_backend *be, const struct cllm_weight *w,
@@ -531,14 +533,8 @@ static enum cllm_status cu_tune_matmul(struct cllm_backend *be, const struct cll
     /* short of memory, as much as there is: the parallel ways it cannot hold are not timed */
     for (size_t want = cllm_cuda_gemm_tune_scratch_bytes(N, K, n_max);
          want > c->gemm_scratch_size && want >= ((size_t)1 << 20); want /= 2) {
-        cudaFree(c->gemm_scratch);
-        c->gemm_scratch = NULL;
-        c->gemm_scratch_size = 0;
-        if (cudaMalloc(&c->gemm_scratch, want) == cudaSuccess) {
-            c->gemm_scratch_size = want;
+        if (replace_device_buffer(&c->gemm_scratch, &c->gemm_scratch_size, want) == cudaSuccess)
             break;
-        }
-        c->gemm_scratch = NULL;
         (void)cudaGetLastError();
     }
     char report[768];

@@ -474,10 +474,21 @@ static size_t norm_smem(int32_t n, int32_t K)
            (CLLM_CUDA_NORM_THREADS + CLLM_CUDA_GEMM_NORM_MAX) * sizeof(float);
 }
 
-int cllm_cuda_gemm_norm_supported(int32_t n, int32_t K)
+/* A step whose rows fit a block's shared memory (beside its slice sums). */
+static bool norm_fits(int32_t n, int32_t K)
 {
     return n >= 1 && n <= CLLM_CUDA_GEMM_NORM_MAX && K > 0 && K % 8 == 0 &&
            (size_t)MAX_SLICES * 4 * 32 * sizeof(float) + norm_smem(n, K) <= 48 * 1024;
+}
+
+/* A norm's operands: a step it can take, the rows it writes apart from those it reads, each
+ * 16-byte aligned (the norm loads 4 floats at a time). */
+int cllm_cuda_gemm_norm_supported(const cllm_cuda_norm_in *norm, int32_t n, int32_t K)
+{
+    const auto aligned = [](const void *p) { return (uintptr_t)p % 16 == 0; };
+    return norm_fits(n, K) && norm->res && norm->g && aligned(norm->res) && aligned(norm->g) &&
+           aligned(norm->add) && aligned(norm->res_out) &&
+           (!norm->add || (norm->res_out && norm->res_out != norm->res));
 }
 
 /* An x row read by the skinny kernel: from global memory through the read-only cache, or
@@ -1153,22 +1164,12 @@ cudaError_t cllm_cuda_gemm(const __nv_bfloat16 *w, const float *bias, int32_t N,
     return launch_way<false>(way_for(N, K, n), a, n);
 }
 
-/* A norm's operands: a step it can take, the rows it writes apart from those it reads, each
- * 16-byte aligned (the norm loads 4 floats at a time). */
-static bool norm_ok(const cllm_cuda_norm_in *norm, int32_t n, int32_t K)
-{
-    const auto aligned = [](const void *p) { return (uintptr_t)p % 16 == 0; };
-    return cllm_cuda_gemm_norm_supported(n, K) && norm->res && norm->g && aligned(norm->res) &&
-           aligned(norm->g) && aligned(norm->add) && aligned(norm->res_out) &&
-           (!norm->add || (norm->res_out && norm->res_out != norm->res));
-}
-
 cudaError_t cllm_cuda_gemm_gate_up_silu(const __nv_bfloat16 *w, int32_t F, int32_t K,
                                         const __nv_bfloat16 *x, int32_t n, __nv_bfloat16 *out,
                                         int32_t ldo, void *scratch, size_t scratch_bytes,
                                         const cllm_cuda_norm_in *norm, cudaStream_t stream)
 {
-    if (norm && n > 0 && !norm_ok(norm, n, K))
+    if (norm && n > 0 && !cllm_cuda_gemm_norm_supported(norm, n, K))
         return cudaErrorInvalidValue;
     if (norm)
         x = w; /* unused; any 16-byte aligned pointer passes the operand check */
@@ -1193,7 +1194,7 @@ cudaError_t cllm_cuda_gemm_rope_store(const __nv_bfloat16 *w, int32_t K, const _
                                       const cllm_cuda_norm_in *norm, cudaStream_t stream)
 {
     const int32_t N = (r->n_head + 2 * r->n_kv) * r->head_dim;
-    if (norm && !norm_ok(norm, n, K))
+    if (norm && !cllm_cuda_gemm_norm_supported(norm, n, K))
         return cudaErrorInvalidValue;
     if (norm)
         x = w; /* unused, as above */
@@ -1228,9 +1229,9 @@ cudaError_t cllm_cuda_gemm_rope_store(const __nv_bfloat16 *w, int32_t K, const _
     return cudaErrorInvalidValue;
 }
 
-int cllm_cuda_gemm_norm_supported(int32_t n, int32_t K)
+int cllm_cuda_gemm_norm_supported(const struct cllm_cuda_norm_in *norm, int32_t n, int32_t K)
 {
-    (void)n, (void)K;
+    (void)norm, (void)n, (void)K;
     return 0;
 }
 

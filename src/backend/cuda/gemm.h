@@ -109,10 +109,12 @@ struct cllm_cuda_norm_in {
     float *res_out;
 };
 
-/* Steps that many tokens or fewer (and K small enough for their rows in shared memory:
- * cllm_cuda_gemm_norm_supported) take a norm. */
+/* Can the GEMMs take this norm for an n-token step of rows of K? Steps of
+ * CLLM_CUDA_GEMM_NORM_MAX tokens or fewer (K small enough for their rows in shared memory),
+ * res_out apart from res where there is a residual to add, every operand 16-byte aligned (the
+ * norm loads 4 floats at a time). */
 #define CLLM_CUDA_GEMM_NORM_MAX 8
-int cllm_cuda_gemm_norm_supported(int32_t n, int32_t K);
+int cllm_cuda_gemm_norm_supported(const struct cllm_cuda_norm_in *norm, int32_t n, int32_t K);
 
 /* out[t][f] = bf16(silu(g) * u) with g, u rows f and F + f of y = W x[t], W the stacked
  * [gate | up] weight [2F][K] (no bias): cllm_cuda_gemm's sums for that weight (its slices) and
