@@ -454,8 +454,6 @@ static enum cllm_status check_step(const struct cllm_model *m, const struct cllm
     return CLLM_OK;
 }
 
-/* The bucket a step of decode tokens only (one token per sequence, each an output, in
- * order) is padded to, or 0: such steps are recorded once per shape and then replayed. */
 /* Does every row of the step want logits, in order (decode steps)? (host arrays) */
 static bool outputs_every_row(const struct cllm_step *s)
 {
@@ -467,6 +465,8 @@ static bool outputs_every_row(const struct cllm_step *s)
     return true;
 }
 
+/* The bucket a step of decode tokens only (one token per sequence, each an output, in
+ * order) is padded to, or 0: such steps are recorded once per shape and then replayed. */
 static int32_t graph_bucket(const struct cllm_model *m, const struct cllm_step *s)
 {
     if (m->graphs_off || s->n_seqs != s->n_tokens || !outputs_every_row(s))
