@@ -29,6 +29,25 @@ static std::vector<float> randv(int64_t n, float scale)
     for (int64_t i = 0; i < n; i++) v[i] = cllm_bf16_to_f32(cllm_f32_to_bf16(frand() * scale));
     return v;
 }
+
+/* A GEMM scratch of `bytes` as the backend hands one over: its counts zero (gemm.h), the rest
+ * NAN, so that a partial sum read before it was written shows. */
+static std::vector<float> gemm_scratch(size_t bytes)
+{
+    std::vector<float> s(bytes / 4 + 1, NAN);
+    for (size_t i = 0; i < s.size() && i < CLLM_CUDA_GEMM_COUNT_BYTES / 4; i++)
+        s[i] = 0.0f;
+    return s;
+}
+
+/* Did the GEMMs leave the scratch's counts zero, for the next one? */
+static bool counts_zero(const std::vector<float> &s)
+{
+    for (size_t i = 0; i < s.size() && i < CLLM_CUDA_GEMM_COUNT_BYTES / 4; i++)
+        if (s[i] != 0.0f)
+            return false;
+    return true;
+}
 static float bf(__nv_bfloat16 h) { return cllm_bf16_to_f32(h.__x); }
 static float rbf(float f) { return cllm_bf16_to_f32(cllm_f32_to_bf16(f)); }
 
@@ -366,7 +385,7 @@ static void test_gemm(int32_t N, int32_t K, int32_t n_max, bool with_bias)
     if (cllm_cuda_gemm_slices(N, K) > 1 && n_max > CLLM_CUDA_GEMM_SKINNY_MAX)
         CHECKF(scratch_bytes > 0, "gemm N=%d K=%d: no parallel slices for %d tokens", N, K, n_max);
     if (scratch_bytes) {
-        std::vector<float> scratch(scratch_bytes / 4, NAN), y_par((size_t)n_max * ldy, -7.0f);
+        std::vector<float> scratch = gemm_scratch(scratch_bytes), y_par((size_t)n_max * ldy, -7.0f);
         CHECK(cllm_cuda_gemm(w.data(), b, N, K, x.data(), n_max, y_par.data(), ldy, scratch.data(), scratch_bytes, 0) == cudaSuccess);
         CHECKF(memcmp(y_par.data(), y_all.data(), y_all.size() * 4) == 0, "gemm N=%d K=%d: parallel slices differ from sequential", N, K);
     }
@@ -395,8 +414,9 @@ static void test_gemm(int32_t N, int32_t K, int32_t n_max, bool with_bias)
         std::vector<__nv_bfloat16> xs((size_t)n * K);
         for (int32_t i = 0; i < n; i++) memcpy(&xs[(size_t)i * K], &x[(size_t)pick[i] * K], (size_t)K * 2);
         std::vector<float> ys((size_t)n * ldy, -7.0f);
-        std::vector<float> scratch(cllm_cuda_gemm_scratch_bytes(N, K, n) / 4 + 1);
+        std::vector<float> scratch = gemm_scratch(cllm_cuda_gemm_scratch_bytes(N, K, n));
         CHECK(cllm_cuda_gemm(w.data(), b, N, K, xs.data(), n, ys.data(), ldy, scratch.data(), scratch.size() * 4, 0) == cudaSuccess);
+        CHECKF(counts_zero(scratch), "gemm N=%d K=%d n=%d: counts left in the scratch", N, K, n);
         int32_t differ = 0;
         for (int32_t i = 0; i < n; i++)
             differ += memcmp(&ys[(size_t)i * ldy], &y_all[(size_t)pick[i] * ldy], (size_t)N * 4) != 0;
@@ -425,7 +445,7 @@ static void test_gemm_gate_up_silu(int32_t F, int32_t K)
             const size_t bytes = parallel ? cllm_cuda_gemm_scratch_bytes(N, K, n) : 0;
             if (parallel && !bytes)
                 continue; /* this step has no parallel slices */
-            std::vector<float> scratch(bytes / 4 + 1, NAN);
+            std::vector<float> scratch = gemm_scratch(bytes);
             CHECK(cllm_cuda_gemm(w.data(), NULL, N, K, x.data(), n, gu.data(), N, NULL, 0, 0) ==
                   cudaSuccess);
             CHECK(cllm_cuda_silu_mul(gu.data(), n, F, ref.data(), 0) == cudaSuccess);
@@ -444,6 +464,7 @@ static void test_gemm_gate_up_silu(int32_t F, int32_t K)
                    F, K, n, parallel, differ);
             CHECKF(written == 0, "gemm_gate_up_silu F=%d K=%d n=%d: %d elements written past F", F,
                    K, n, written);
+            CHECKF(counts_zero(scratch), "gemm_gate_up_silu F=%d K=%d n=%d: counts left", F, K, n);
         }
     }
     std::vector<__nv_bfloat16> out((size_t)F);
@@ -479,8 +500,10 @@ static void test_gemm_rope_store(int32_t n_head, int32_t n_kv, int32_t hd, int32
         CHECK(cllm_cuda_gemm(w.data(), NULL, N, K, x.data(), n, y_ref.data(), ld, NULL, 0, 0) == cudaSuccess);
         CHECK(cllm_cuda_qkv_rope_store(&b, &r.freqs, y_ref.data(), ld, r.bias, n_head, n_kv, hd, k_ref.data(), v_ref.data(), 0) == cudaSuccess);
         r.k_cache = k.data(), r.v_cache = v.data();
-        CHECK(cllm_cuda_gemm_rope_store(w.data(), K, x.data(), n, y.data(), ld, &r, NULL, 0) ==
-              cudaSuccess);
+        std::vector<float> scratch = gemm_scratch(cllm_cuda_gemm_scratch_bytes(N, K, n));
+        CHECK(cllm_cuda_gemm_rope_store(w.data(), K, x.data(), n, y.data(), ld, &r, NULL,
+                                        scratch.data(), scratch.size() * 4, 0) == cudaSuccess);
+        CHECKF(counts_zero(scratch), "gemm_rope_store n=%d: counts left in the scratch", n);
         int64_t bad_y = 0;
         for (int32_t t = 0; t < n; t++)
             bad_y += memcmp(&y[(size_t)t * ld], &y_ref[(size_t)t * ld], (size_t)N * 4) != 0;
@@ -490,8 +513,8 @@ static void test_gemm_rope_store(int32_t n_head, int32_t n_kv, int32_t hd, int32
     }
     std::vector<float> y((size_t)n_max * N);
     CHECK(!cllm_cuda_gemm_rope_supported(w.data(), x.data(), K, n_max, hd)); /* 33: the tiled kernel's */
-    CHECK(cllm_cuda_gemm_rope_store(w.data(), K, x.data(), n_max, y.data(), N, &r, NULL, 0) ==
-          cudaErrorInvalidValue);
+    CHECK(cllm_cuda_gemm_rope_store(w.data(), K, x.data(), n_max, y.data(), N, &r, NULL, NULL, 0,
+                                    0) == cudaErrorInvalidValue);
 }
 
 /* A norm applied by the projection itself (cllm_cuda_norm_in) equals the rmsnorm kernel and
@@ -534,7 +557,7 @@ static void test_gemm_norm(int32_t K)
             std::vector<__nv_bfloat16> kc(kc_ref.size()), vc(kc_ref.size());
             r.k_cache = kc_ref.data(), r.v_cache = vc_ref.data();
             CHECK(cllm_cuda_gemm_rope_store(wq.data(), K, xn.data(), n, q_ref.data(), NQ, &r, NULL,
-                                            0) == cudaSuccess);
+                                            NULL, 0, 0) == cudaSuccess);
             std::vector<__nv_bfloat16> ff_ref((size_t)n * F), ff((size_t)n * F);
             CHECK(cllm_cuda_gemm_gate_up_silu(wg.data(), F, K, xn.data(), n, ff_ref.data(), F, NULL,
                                               0, NULL, 0) == cudaSuccess);
@@ -544,11 +567,14 @@ static void test_gemm_norm(int32_t K)
             cllm_cuda_norm_in nin = {res_in.data(), with_add ? add.data() : NULL, g.data(), 1e-6f,
                                      out1.data()};
             r.k_cache = kc.data(), r.v_cache = vc.data();
-            CHECK(cllm_cuda_gemm_rope_store(wq.data(), K, NULL, n, q.data(), NQ, &r, &nin, 0) ==
-                  cudaSuccess);
+            std::vector<float> sq = gemm_scratch(cllm_cuda_gemm_scratch_bytes(NQ, K, n));
+            std::vector<float> sg = gemm_scratch(cllm_cuda_gemm_scratch_bytes(2 * F, K, n));
+            CHECK(cllm_cuda_gemm_rope_store(wq.data(), K, NULL, n, q.data(), NQ, &r, &nin,
+                                            sq.data(), sq.size() * 4, 0) == cudaSuccess);
             nin.res_out = out2.data();
-            CHECK(cllm_cuda_gemm_gate_up_silu(wg.data(), F, K, NULL, n, ff.data(), F, NULL, 0, &nin,
-                                              0) == cudaSuccess);
+            CHECK(cllm_cuda_gemm_gate_up_silu(wg.data(), F, K, NULL, n, ff.data(), F, sg.data(),
+                                              sg.size() * 4, &nin, 0) == cudaSuccess);
+            CHECKF(counts_zero(sq) && counts_zero(sg), "norm in the GEMM, n=%d: counts left", n);
             CHECKF(memcmp(q.data(), q_ref.data(), q.size() * 4) == 0 &&
                        memcmp(kc.data(), kc_ref.data(), kc.size() * 2) == 0 &&
                        memcmp(vc.data(), vc_ref.data(), vc.size() * 2) == 0,
@@ -592,7 +618,7 @@ static void test_gemm_norm(int32_t K)
     CHECK(cllm_cuda_gemm_gate_up_silu(wg.data(), F, K, NULL, n_max + 1, ff.data(), F, NULL, 0, &nin,
                                       0) == cudaErrorInvalidValue);
     nin.res_out = big.data();
-    CHECK(cllm_cuda_gemm_rope_store(wq.data(), K, NULL, 1, q.data(), NQ, &r, &nin, 0) ==
+    CHECK(cllm_cuda_gemm_rope_store(wq.data(), K, NULL, 1, q.data(), NQ, &r, &nin, NULL, 0, 0) ==
           cudaErrorInvalidValue);
 }
 
@@ -602,7 +628,7 @@ static std::vector<float> gemm_of(const std::vector<__nv_bfloat16> &w, int32_t N
                                   const std::vector<__nv_bfloat16> &x, int32_t n, bool paired)
 {
     const int32_t cols = paired ? N / 2 : N;
-    std::vector<float> scratch(cllm_cuda_gemm_scratch_bytes(N, K, n) / 4 + 1, NAN);
+    std::vector<float> scratch = gemm_scratch(cllm_cuda_gemm_scratch_bytes(N, K, n));
     std::vector<float> y((size_t)n * cols);
     if (paired) {
         std::vector<__nv_bfloat16> out((size_t)n * cols);
@@ -642,11 +668,12 @@ static void test_gemm_tune(int32_t N, int32_t K, int32_t n_max, bool paired)
     }
     cudaStream_t stream = NULL; /* a stream of its own: the legacy stream cannot be recorded */
     CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
-    const unsigned opens[] = {CLLM_CUDA_GEMM_TUNE_TILING | CLLM_CUDA_GEMM_TUNE_AHEAD, 0u};
+    const unsigned opens[] = {
+        CLLM_CUDA_GEMM_TUNE_TILING | CLLM_CUDA_GEMM_TUNE_AHEAD | CLLM_CUDA_GEMM_TUNE_SPLIT, 0u};
     for (unsigned open : opens) {
         /* the tuner's operands: its own x (it only reads it) and y, which it overwrites */
         std::vector<float> y((size_t)n_max * N, -1.0f);
-        std::vector<float> scratch(cllm_cuda_gemm_tune_scratch_bytes(N, K, n_max) / 4 + 1);
+        std::vector<float> scratch = gemm_scratch(cllm_cuda_gemm_tune_scratch_bytes(N, K, n_max));
         if (cllm_cuda_gemm_slices(N, K) > 1)
             CHECKF(scratch.size() > 1, "gemm tuning N=%d K=%d: no scratch for the parallel ways", N,
                    K);
@@ -667,8 +694,10 @@ static void test_gemm_tune(int32_t N, int32_t K, int32_t n_max, bool paired)
             char way[32];
             cllm_cuda_gemm_way(N, K, sizes[i], way, sizeof way);
             if (sizes[i] <= CLLM_CUDA_GEMM_SKINNY_MAX)
-                CHECKF(strcmp(way, "ahead") == 0 || strcmp(way, "not ahead") == 0, "n=%d: way %s",
-                       sizes[i], way);
+                CHECKF(strcmp(way, "ahead") == 0 || strcmp(way, "not ahead") == 0 ||
+                           strstr(way, "ahead, 2 blocks a tile") ||
+                           strstr(way, "ahead, 4 blocks a tile"),
+                       "n=%d: way %s", sizes[i], way);
             else if (open & CLLM_CUDA_GEMM_TUNE_TILING)
                 CHECKF(strncmp(way, "128x64", 6) == 0 || strncmp(way, "256x64", 6) == 0 ||
                            strncmp(way, "128x128", 7) == 0,
@@ -775,6 +804,24 @@ int main(int argc, char **argv)
             test_gemm_rope_store(14, 2, 64, 520, false);
         }
         cllm_cuda_gemm_force_ahead(0);
+        /* a skinny row tile's slices over 2 and 4 blocks, the last of them adding them up */
+        for (int parts : {2, 4}) {
+            printf("skinny row tiles in %d blocks\n", parts);
+            cllm_cuda_gemm_force_split(parts);
+            char way[48], want[24];
+            cllm_cuda_gemm_way(300, 1024, 1, way, sizeof way);
+            snprintf(want, sizeof want, ", %d blocks a tile", parts);
+            CHECKF(strstr(way, want) != NULL, "split %d: way %s", parts, way);
+            cllm_cuda_gemm_way(40, 72, 1, way, sizeof way); /* one slice: nothing to split */
+            CHECKF(strstr(way, "blocks") == NULL, "split %d, one slice: way %s", parts, way);
+            test_gemm(300, 1024, 40, false); /* 8 slices */
+            test_gemm(136, 520, 33, true);   /* 4 slices: blocks of one warp at 4 */
+            test_gemm_gate_up_silu(100, 1024);
+            test_gemm_rope_store(14, 2, 64, 520, false); /* 4 slices */
+            test_gemm_rope_store(12, 2, 128, 264, true); /* 2 slices: not split in 4 */
+            test_gemm_norm(1536);                        /* 12 slices, the norm in every block */
+        }
+        cllm_cuda_gemm_force_split(1);
     }
     if (part(argc, argv, 10)) {
         test_gemm_tune(136, 256, 40, false); /* several slices: the parallel ways too */

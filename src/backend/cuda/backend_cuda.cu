@@ -384,14 +384,27 @@ static enum cllm_status grow_unrecorded(struct cuda *c, void **p, size_t *size, 
  * recording cannot grow it, so it notes the need: the next graph_begin grows the scratch and
  * drops the recordings, and the step is recorded again with its parallel slices (measured on
  * an H200: a 1536 x 8960 GEMM over 192 tokens took 488 us without them). */
+/* A new GEMM scratch's counts zeroed (gemm.h), on the stream its GEMMs run on. */
+static enum cllm_status zero_gemm_counts(struct cuda *c)
+{
+    const size_t n = c->gemm_scratch_size < CLLM_CUDA_GEMM_COUNT_BYTES ? c->gemm_scratch_size
+                                                                       : CLLM_CUDA_GEMM_COUNT_BYTES;
+    return c->gemm_scratch ? check_cuda(cudaMemsetAsync(c->gemm_scratch, 0, n, c->stream),
+                                        "cudaMemsetAsync (GEMM scratch)")
+                           : CLLM_OK;
+}
+
 static enum cllm_status grow_gemm_scratch(struct cuda *c, size_t need)
 {
     if (c->gemm_scratch_refused && need >= c->gemm_scratch_refused)
         return CLLM_OK; /* tried: the device had no room for it */
     if (c->capturing && need > c->gemm_scratch_size && need > c->gemm_scratch_wanted)
         c->gemm_scratch_wanted = need;
+    const size_t before = c->gemm_scratch_size; /* (a new buffer may reuse the old address) */
     enum cllm_status st = grow_unrecorded(c, &c->gemm_scratch, &c->gemm_scratch_size, need,
                                           "cudaMalloc (GEMM scratch)");
+    if (st == CLLM_OK && c->gemm_scratch_size != before)
+        return zero_gemm_counts(c);
     if (st != CLLM_ERR_NOMEM)
         return st;
     /* Out of memory (the KV pool took what was free): the same sums in fewer blocks, and no
@@ -537,6 +550,7 @@ static enum cllm_status cu_tune_matmul(struct cllm_backend *be, const struct cll
             break;
         (void)cudaGetLastError();
     }
+    TRY(zero_gemm_counts(c));
     char report[768];
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -618,9 +632,12 @@ static enum cllm_status cu_matmul_rope_store(struct cllm_backend *be, const stru
     r.n_head = n_head, r.n_kv = n_kv, r.head_dim = rope->head_dim;
     r.k_cache = (__nv_bfloat16 *)k_cache, r.v_cache = (__nv_bfloat16 *)v_cache;
     r.freqs = c->freqs;
+    const int32_t N = (int32_t)w->ne[1];
+    TRY(grow_gemm_scratch(c, cllm_cuda_gemm_scratch_bytes(N, K, b->n_tokens)));
     return check_cuda(cllm_cuda_gemm_rope_store((const __nv_bfloat16 *)w->data, K,
                                                 (const __nv_bfloat16 *)x, b->n_tokens, qkv, ld, &r,
-                                                norm ? &nin : NULL, c->stream),
+                                                norm ? &nin : NULL, c->gemm_scratch,
+                                                c->gemm_scratch_size, c->stream),
                       "gemm (QKV, RoPE, KV store)");
 }
 
@@ -1075,13 +1092,22 @@ static bool env_is_one(const char *name)
     return v && strcmp(v, "1") == 0;
 }
 
-/* The tiled GEMM's block shape from CLLM_GEMM_TILE and the skinny one's prefetch from
- * CLLM_GEMM_AHEAD (gemm.h: same bits, another speed), for comparisons on a GPU; a value it
- * does not know is ignored with a warning. Returns the choices left to tune_matmul: those
- * the environment did not fix, none under CLLM_GEMM_TUNE=0. */
+/* The tiled GEMM's block shape from CLLM_GEMM_TILE and the skinny one's prefetch and split
+ * from CLLM_GEMM_AHEAD and CLLM_GEMM_SPLIT (gemm.h: same bits, another speed), for comparisons
+ * on a GPU; a value it does not know is ignored with a warning. Returns the choices left to
+ * tune_matmul: those the environment did not fix, none under CLLM_GEMM_TUNE=0. */
 static unsigned choose_gemm_variants(void)
 {
-    unsigned open = CLLM_CUDA_GEMM_TUNE_TILING | CLLM_CUDA_GEMM_TUNE_AHEAD;
+    unsigned open =
+        CLLM_CUDA_GEMM_TUNE_TILING | CLLM_CUDA_GEMM_TUNE_AHEAD | CLLM_CUDA_GEMM_TUNE_SPLIT;
+    const char *split = getenv("CLLM_GEMM_SPLIT"); /* blocks a skinny row tile */
+    if (split && *split) {
+        if (strcmp(split, "1") == 0 || strcmp(split, "2") == 0 || strcmp(split, "4") == 0) {
+            cllm_cuda_gemm_force_split(split[0] - '0');
+            open &= ~CLLM_CUDA_GEMM_TUNE_SPLIT;
+        } else
+            cllm_log(CLLM_LOG_WARN, "cuda: CLLM_GEMM_SPLIT=%s ignored: not 1, 2 or 4", split);
+    }
     const char *ahead = getenv("CLLM_GEMM_AHEAD"); /* the skinny kernel's prefetch, likewise */
     if (ahead && *ahead) {
         if (strcmp(ahead, "always") == 0 || strcmp(ahead, "never") == 0) {

@@ -87,10 +87,17 @@ static int current_tiling = TILING_128X64;
 static int skinny_ahead = 0;
 /* Slices (warps per block) from which the skinny kernel loads W a group ahead by default. */
 #define AHEAD_MIN_SLICES 4
+/* Blocks a skinny row tile by default (cllm_cuda_gemm_force_split). */
+static int skinny_parts = 1;
 
 void cllm_cuda_gemm_force_ahead(int mode)
 {
     skinny_ahead = mode > 0 ? 1 : mode < 0 ? -1 : 0;
+}
+
+void cllm_cuda_gemm_force_split(int parts)
+{
+    skinny_parts = parts == 2 || parts == 4 ? parts : 1;
 }
 
 const char *cllm_cuda_gemm_tiling(void)
@@ -126,6 +133,7 @@ struct gemm_way {
     int tiling;
     bool parallel;
     bool ahead;
+    int parts; /* skinny steps: blocks sharing a row tile's slices (1: one block a tile) */
 };
 
 /* Step sizes a plan keeps one way for: the skinny kernel's three token-tile counts, then
@@ -166,9 +174,12 @@ static int64_t tiles_of(int tiling, int32_t N, int32_t n)
  * number fewer than about two blocks per SM of an H100/H200 (132 SMs: 256 tiles of a shape two
  * of whose blocks fit an SM, 128 of one that takes the SM alone), the skinny prefetch in blocks
  * of AHEAD_MIN_SLICES warps or more. */
+static bool split_fits(int32_t N, int32_t K, int parts);
+
 static gemm_way default_way(int32_t N, int32_t K, int32_t n)
 {
     gemm_way w;
+    w.parts = split_fits(N, K, skinny_parts) ? skinny_parts : 1;
     w.tiling = current_tiling;
     w.parallel = tiles_of(current_tiling, N, n) < 128 * tilings[current_tiling].min_blocks;
     w.ahead =
@@ -226,9 +237,50 @@ static bool runs_parallel(const gemm_way &w, int32_t N, int32_t K, int32_t n)
     return w.parallel && n > CLLM_CUDA_GEMM_SKINNY_MAX && cllm_cuda_gemm_slices(N, K) > 1;
 }
 
+/* The scratch: CLLM_CUDA_GEMM_COUNT_BYTES of counts (split skinny tiles: one per row tile),
+ * then the partial sums of either kernel. */
 static size_t parallel_scratch(int32_t N, int32_t K, int32_t n)
 {
-    return (size_t)cllm_cuda_gemm_slices(N, K) * (size_t)n * (size_t)N * sizeof(float);
+    return CLLM_CUDA_GEMM_COUNT_BYTES +
+           (size_t)cllm_cuda_gemm_slices(N, K) * (size_t)n * (size_t)N * sizeof(float);
+}
+
+static float *scratch_partials(void *scratch)
+{
+    return (float *)((char *)scratch + CLLM_CUDA_GEMM_COUNT_BYTES);
+}
+
+/* A skinny row tile's slices spread over `parts` blocks: an even share each, and row tiles few
+ * enough that one block a tile leaves SMs idle (fewer than about two a SM of an H100/H200) and
+ * that each has a count. */
+static bool split_fits(int32_t N, int32_t K, int parts)
+{
+    const int64_t tiles = ((int64_t)N + 15) / 16;
+    return parts > 1 && cllm_cuda_gemm_slices(N, K) % parts == 0 && tiles < 256 &&
+           tiles <= (int64_t)(CLLM_CUDA_GEMM_COUNT_BYTES / sizeof(int32_t));
+}
+
+/* Token tiles of 8 the skinny kernel takes for n tokens. */
+static int32_t skinny_tiles(int32_t n)
+{
+    return n <= 8 ? 1 : n <= 16 ? 2 : 4;
+}
+
+/* Every slice's sums of every row tile ([tile][slice][token tile][4][32] F32). */
+static size_t split_scratch(int32_t N, int32_t K, int32_t n)
+{
+    return CLLM_CUDA_GEMM_COUNT_BYTES + (size_t)((N + 15) / 16) *
+                                            (size_t)cllm_cuda_gemm_slices(N, K) *
+                                            (size_t)skinny_tiles(n) * 4 * 32 * sizeof(float);
+}
+
+/* The blocks a skinny step of this way takes a row tile (given the scratch). */
+static int split_parts(const gemm_way &w, int32_t N, int32_t K, int32_t n, size_t scratch_bytes)
+{
+    return n <= CLLM_CUDA_GEMM_SKINNY_MAX && split_fits(N, K, w.parts) &&
+                   scratch_bytes >= split_scratch(N, K, n)
+               ? w.parts
+               : 1;
 }
 
 int cllm_cuda_gemm_supported(const void *w, const void *x, int32_t K)
@@ -429,7 +481,7 @@ load_w_chunks(uint4 (&vl)[UNROLL], uint4 (&vh)[UNROLL], const __nv_bfloat16 *w_l
  * the weight stream; for many decode shapes (a slice of <= UNROLL chunks) it is all of the
  * block's weights. Nothing else is touched before the wait (tests/tools/test_pdl_discipline.py). */
 /* The norm of cllm_cuda_norm_in (gemm.h) for a block's n <= CLLM_CUDA_GEMM_NORM_MAX rows, into
- * xs [n][K] BF16 (shared memory); block 0 also writes res_out. The rmsnorm kernel's sums
+ * xs [n][K] BF16 (shared memory); block (0, 0) also writes res_out. The rmsnorm kernel's sums
  * (kernels.h): its CLLM_CUDA_NORM_THREADS partial sums, computed by this block's threads,
  * summed by warp 0 -- so the rows get the kernel's bits whatever this block's width. Loads of
  * 16 bytes, so that a block of 2 warps (gate/up) needs few rounds of L2 latency. */
@@ -451,7 +503,7 @@ static __device__ void norm_rows(const cllm_cuda_norm_in &nin, int32_t n, int32_
         __syncthreads(); /* scale[j] is seen; partial may be written again */
     }
     /* the rows, 4 elements a thread at a time (16-byte loads; K % 8 == 0) */
-    const bool keep = nin.add && nin.res_out && blockIdx.x == 0;
+    const bool keep = nin.add && nin.res_out && blockIdx.x == 0 && blockIdx.y == 0;
 #pragma unroll 4
     for (int64_t i = threadIdx.x * 4; i < (int64_t)n * K; i += blockDim.x * 4) {
         const int32_t j = (int32_t)(i / K), d = (int32_t)(i % K);
@@ -504,13 +556,55 @@ static __device__ __forceinline__ uint4 load_x(const __nv_bfloat16 *row, int32_t
         return __ldg((const uint4 *)(row + k));
 }
 
+/* Where the blocks of a split row tile (gridDim.y > 1) leave their slices' sums
+ * ([tile][slice][NT][4][32]) and count themselves done (one count a tile, zero between
+ * launches). */
+struct skinny_split {
+    float *partials;
+    int32_t *counts;
+};
+
+/* The slices' sums of a split row tile, all in `part` in the block that finishes the tile last
+ * (true), whose count it resets; the others return false. This block's slices are in part
+ * already; every block also leaves them in sp for the last. */
+template <int NT>
+static __device__ CLLM_NOINLINE bool gather_split(const skinny_split &sp, float (*part)[NT][4][32],
+                                                  int32_t S)
+{
+    const int32_t per = S / (int32_t)gridDim.y, own = (int32_t)blockIdx.y * per;
+    const int64_t tile = (int64_t)blockIdx.x * S * NT * 128;
+    float *flat = &part[0][0][0][0];
+    for (int32_t i = threadIdx.x; i < per * NT * 128; i += blockDim.x)
+        sp.partials[tile + own * NT * 128 + i] = flat[own * NT * 128 + i];
+    __shared__ bool last;
+    __threadfence(); /* this block's sums are visible before it is counted */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int32_t *count = &sp.counts[blockIdx.x];
+        last = atomicAdd(count, 1) == (int32_t)gridDim.y - 1;
+        if (last)
+            atomicExch(count, 0); /* atomically: a plain store races with the others' adds */
+    }
+    __syncthreads();
+    if (!last)
+        return false;
+    __threadfence();
+    for (int32_t i = threadIdx.x; i < S * NT * 128; i += blockDim.x)
+        if (i / (NT * 128) / per != (int32_t)blockIdx.y)
+            flat[i] = __ldcg(&sp.partials[tile + i]);
+    __syncthreads();
+    return true;
+}
+
 template <int NT, bool AHEAD, class EP, bool NORM>
 static __global__ void __launch_bounds__(MAX_SLICES * 32)
     gemm_skinny(const __nv_bfloat16 *w, EP ep, int32_t N, int32_t K, const __nv_bfloat16 *x,
-                int32_t n, float *y, int32_t ldy, int32_t S, cllm_cuda_norm_in nin)
+                int32_t n, float *y, int32_t ldy, int32_t S, cllm_cuda_norm_in nin, skinny_split sp)
 {
     constexpr int UNROLL = NT <= 2 ? 4 : 2; /* chunks whose loads are issued together */
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+    const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+    /* this warp's slice: blocks (x, 0 .. gridDim.y - 1) share row tile x's slices evenly */
+    const int warp = (int)blockIdx.y * (S / (int32_t)gridDim.y) + (int)threadIdx.x / 32;
     const int32_t chunks = (K + CHUNK - 1) / CHUNK;
     const int32_t c0 = slice_start(warp, chunks, S), c1 = slice_start(warp + 1, chunks, S);
     int32_t row_lo, row_hi;
@@ -579,6 +673,8 @@ static __global__ void __launch_bounds__(MAX_SLICES * 32)
         for (int e = 0; e < 4; e++)
             part[warp][j][e][lane] = acc[j][e];
     __syncthreads();
+    if (gridDim.y > 1 && !gather_split<NT>(sp, part, S))
+        return;
     finish<NT>(ep, part, S, N, n, y, ldy);
 }
 
@@ -814,45 +910,56 @@ static __global__ void gemm_reduce_silu(const float *partials, int32_t N, int32_
 
 size_t cllm_cuda_gemm_scratch_bytes(int32_t N, int32_t K, int32_t n)
 {
-    if (N <= 0 || n <= 0 || !runs_parallel(way_for(N, K, n), N, K, n))
+    if (N <= 0 || n <= 0)
         return 0;
-    return parallel_scratch(N, K, n);
+    const gemm_way w = way_for(N, K, n);
+    if (n <= CLLM_CUDA_GEMM_SKINNY_MAX)
+        return split_fits(N, K, w.parts) ? split_scratch(N, K, n) : 0;
+    return runs_parallel(w, N, K, n) ? parallel_scratch(N, K, n) : 0;
 }
 
 /* The skinny kernel with as many token tiles as n needs (n <= CLLM_CUDA_GEMM_SKINNY_MAX), or
- * (nin) normalizing its rows first (n <= CLLM_CUDA_GEMM_NORM_MAX, norm_supported). */
+ * (nin) normalizing its rows first (n <= CLLM_CUDA_GEMM_NORM_MAX, norm_supported); `parts`
+ * blocks a row tile (split_fits; sp in the scratch) or one. */
 template <bool AHEAD, class EP>
 static void launch_skinny_as(const __nv_bfloat16 *w, const EP &ep, int32_t N, int32_t K,
                              const __nv_bfloat16 *x, int32_t n, float *y, int32_t ldy, int32_t S,
-                             const cllm_cuda_norm_in *nin, cudaStream_t stream)
+                             int parts, skinny_split sp, const cllm_cuda_norm_in *nin,
+                             cudaStream_t stream)
 {
-    const unsigned row_tiles = (unsigned)((N + 15) / 16), threads = (unsigned)S * 32;
-    const size_t part = (size_t)S * 4 * 32 * sizeof(float); /* per token tile */
+    const dim3 grid((unsigned)((N + 15) / 16), (unsigned)parts);
+    const unsigned threads = (unsigned)(S / parts) * 32;
+    const size_t part = (size_t)S * 4 * 32 * sizeof(float); /* per token tile: every slice */
     const cllm_cuda_norm_in none = {NULL, NULL, NULL, 0.0f, NULL};
     if (nin)
-        cllm_launch(gemm_skinny<1, AHEAD, EP, true>, row_tiles, threads, part + norm_smem(n, K),
-                    stream, w, ep, N, K, x, n, y, ldy, S, *nin);
+        cllm_launch(gemm_skinny<1, AHEAD, EP, true>, grid, threads, part + norm_smem(n, K), stream,
+                    w, ep, N, K, x, n, y, ldy, S, *nin, sp);
     else if (n <= 8)
-        cllm_launch(gemm_skinny<1, AHEAD, EP, false>, row_tiles, threads, part, stream, w, ep, N, K,
-                    x, n, y, ldy, S, none);
+        cllm_launch(gemm_skinny<1, AHEAD, EP, false>, grid, threads, part, stream, w, ep, N, K, x,
+                    n, y, ldy, S, none, sp);
     else if (n <= 16)
-        cllm_launch(gemm_skinny<2, AHEAD, EP, false>, row_tiles, threads, 2 * part, stream, w, ep,
-                    N, K, x, n, y, ldy, S, none);
+        cllm_launch(gemm_skinny<2, AHEAD, EP, false>, grid, threads, 2 * part, stream, w, ep, N, K,
+                    x, n, y, ldy, S, none, sp);
     else
-        cllm_launch(gemm_skinny<4, AHEAD, EP, false>, row_tiles, threads, 4 * part, stream, w, ep,
-                    N, K, x, n, y, ldy, S, none);
+        cllm_launch(gemm_skinny<4, AHEAD, EP, false>, grid, threads, 4 * part, stream, w, ep, N, K,
+                    x, n, y, ldy, S, none, sp);
 }
 
+/* A skinny step the way `way` says (its split where the scratch holds it). */
 template <class EP>
-static void launch_skinny(bool ahead, const __nv_bfloat16 *w, const EP &ep, int32_t N, int32_t K,
-                          const __nv_bfloat16 *x, int32_t n, float *y, int32_t ldy,
-                          const cllm_cuda_norm_in *nin, cudaStream_t stream)
+static void launch_skinny(const gemm_way &way, const __nv_bfloat16 *w, const EP &ep, int32_t N,
+                          int32_t K, const __nv_bfloat16 *x, int32_t n, float *y, int32_t ldy,
+                          void *scratch, size_t scratch_bytes, const cllm_cuda_norm_in *nin,
+                          cudaStream_t stream)
 {
     const int32_t S = cllm_cuda_gemm_slices(N, K);
-    if (ahead)
-        launch_skinny_as<true>(w, ep, N, K, x, n, y, ldy, S, nin, stream);
+    const int parts = scratch ? split_parts(way, N, K, n, scratch_bytes) : 1;
+    const skinny_split sp = {parts > 1 ? scratch_partials(scratch) : NULL,
+                             parts > 1 ? (int32_t *)scratch : NULL};
+    if (way.ahead)
+        launch_skinny_as<true>(w, ep, N, K, x, n, y, ldy, S, parts, sp, nin, stream);
     else
-        launch_skinny_as<false>(w, ep, N, K, x, n, y, ldy, S, nin, stream);
+        launch_skinny_as<false>(w, ep, N, K, x, n, y, ldy, S, parts, sp, nin, stream);
 }
 
 /* The tiled kernel of shape T over all of n and N (partials: one slice per block, in z). */
@@ -915,16 +1022,16 @@ static cudaError_t launch_way(const gemm_way &way, const gemm_call &a, int32_t n
     const int32_t N = a.N, K = a.K, S = cllm_cuda_gemm_slices(N, K);
     if (n <= CLLM_CUDA_GEMM_SKINNY_MAX) {
         if constexpr (PAIRED)
-            launch_skinny(way.ahead, a.w, silu_epilogue{N / 2, (__nv_bfloat16 *)a.y, a.ldy}, N, K,
-                          a.x, n, NULL, 0, a.norm, a.stream);
+            launch_skinny(way, a.w, silu_epilogue{N / 2, (__nv_bfloat16 *)a.y, a.ldy}, N, K, a.x, n,
+                          NULL, 0, a.scratch, a.scratch_bytes, a.norm, a.stream);
         else
-            launch_skinny(way.ahead, a.w, plain_epilogue{a.bias}, N, K, a.x, n, (float *)a.y, a.ldy,
-                          a.norm, a.stream);
+            launch_skinny(way, a.w, plain_epilogue{a.bias}, N, K, a.x, n, (float *)a.y, a.ldy,
+                          a.scratch, a.scratch_bytes, a.norm, a.stream);
         return cudaGetLastError();
     }
     const bool parallel =
         runs_parallel(way, N, K, n) && a.scratch && a.scratch_bytes >= parallel_scratch(N, K, n);
-    float *partials = parallel ? (float *)a.scratch : NULL;
+    float *partials = parallel ? scratch_partials(a.scratch) : NULL;
     /* a shape for blocks of one slice takes only steps whose blocks are (same bits) */
     const int tiling =
         tilings[way.tiling].one_slice && S > 1 && !parallel ? (int)TILING_128X64 : way.tiling;
@@ -964,10 +1071,12 @@ static cudaError_t launch_call(bool paired, const gemm_way &way, const gemm_call
 /* --- tuning --- */
 
 /* The ways worth timing for a step of n tokens, the default way first: both skinny
- * prefetches; each tiled shape with its slices in series, and in parallel blocks where there
+ * prefetches, each with one block a row tile and with 2 or 4 where split_fits and the scratch
+ * holds them; each tiled shape with its slices in series, and in parallel blocks where there
  * are slices and the tiles number fewer than about four blocks per SM (twice the default
- * rule's bound) and the scratch holds them. Restricted to the process's tiling and the default
- * prefetch where `what` does not include CLLM_CUDA_GEMM_TUNE_TILING / _AHEAD. */
+ * rule's bound) and the scratch holds them. Restricted to the process's tiling, the default
+ * prefetch and the default split where `what` does not include CLLM_CUDA_GEMM_TUNE_TILING /
+ * _AHEAD / _SPLIT. */
 static int ways_to_time(int32_t N, int32_t K, int32_t n, unsigned what, size_t scratch_bytes,
                         gemm_way *out)
 {
@@ -975,9 +1084,19 @@ static int ways_to_time(int32_t N, int32_t K, int32_t n, unsigned what, size_t s
     int count = 0;
     out[count++] = base;
     if (n <= CLLM_CUDA_GEMM_SKINNY_MAX) {
-        if (what & CLLM_CUDA_GEMM_TUNE_AHEAD) {
-            out[count] = base;
-            out[count++].ahead = !base.ahead;
+        for (int parts = 1; parts <= 4; parts *= 2) {
+            const bool open = (what & CLLM_CUDA_GEMM_TUNE_SPLIT) &&
+                              (parts == 1 || (split_fits(N, K, parts) &&
+                                              scratch_bytes >= split_scratch(N, K, n)));
+            if (!open && parts != base.parts)
+                continue;
+            for (int other = 0; other < ((what & CLLM_CUDA_GEMM_TUNE_AHEAD) ? 2 : 1); other++) {
+                if (parts == base.parts && !other)
+                    continue; /* the default way, already first */
+                out[count] = base;
+                out[count].parts = parts;
+                out[count++].ahead = other ? !base.ahead : base.ahead;
+            }
         }
         return count;
     }
@@ -1000,7 +1119,7 @@ static int ways_to_time(int32_t N, int32_t K, int32_t n, unsigned what, size_t s
                 continue;
             if (t == base.tiling && (parallel != 0) == (base.parallel && sliced))
                 continue; /* the default way, already first */
-            out[count++] = gemm_way{t, parallel != 0, base.ahead};
+            out[count++] = gemm_way{t, parallel != 0, base.ahead, base.parts};
         }
     }
     return count;
@@ -1011,10 +1130,12 @@ size_t cllm_cuda_gemm_tune_scratch_bytes(int32_t N, int32_t K, int32_t n_max)
     size_t need = 0;
     for (int b = 0; b < N_BUCKETS && N > 0 && n_max > 0; b++) {
         const int32_t n = bucket_probe[b] < n_max ? bucket_probe[b] : n_max;
-        if (n > CLLM_CUDA_GEMM_SKINNY_MAX && cllm_cuda_gemm_slices(N, K) > 1) {
-            const size_t s = parallel_scratch(N, K, n);
-            need = s > need ? s : need;
-        }
+        size_t s = 0;
+        if (n > CLLM_CUDA_GEMM_SKINNY_MAX && cllm_cuda_gemm_slices(N, K) > 1)
+            s = parallel_scratch(N, K, n);
+        else if (n <= CLLM_CUDA_GEMM_SKINNY_MAX && (split_fits(N, K, 2) || split_fits(N, K, 4)))
+            s = split_scratch(N, K, n);
+        need = s > need ? s : need;
         if (n == n_max)
             break;
     }
@@ -1067,6 +1188,8 @@ static cudaError_t time_way(bool paired, const gemm_way &way, const gemm_call &a
 
 static int describe_way(char *out, size_t len, int32_t N, int32_t K, int32_t n, const gemm_way &w)
 {
+    if (n <= CLLM_CUDA_GEMM_SKINNY_MAX && split_fits(N, K, w.parts))
+        return snprintf(out, len, "%s, %d blocks a tile", w.ahead ? "ahead" : "not ahead", w.parts);
     if (n <= CLLM_CUDA_GEMM_SKINNY_MAX)
         return snprintf(out, len, "%s", w.ahead ? "ahead" : "not ahead");
     const bool parallel = runs_parallel(w, N, K, n);
@@ -1136,7 +1259,7 @@ cudaError_t cllm_cuda_gemm_tune(const __nv_bfloat16 *const *w, int32_t n_w, int3
         if (e != cudaSuccess)
             break;
         keep_way(N, K, b, ways[won]);
-        char name[32];
+        char name[48];
         describe_way(name, sizeof name, N, K, n, ways[won]);
         if (count > 1)
             report_add(report, report_len, &at, "; n<=%d: %s %.1f us (default %.1f)",
@@ -1191,7 +1314,8 @@ int cllm_cuda_gemm_rope_supported(const void *w, const void *x, int32_t K, int32
 cudaError_t cllm_cuda_gemm_rope_store(const __nv_bfloat16 *w, int32_t K, const __nv_bfloat16 *x,
                                       int32_t n, float *y, int32_t ldy,
                                       const struct cllm_cuda_rope_store *r,
-                                      const cllm_cuda_norm_in *norm, cudaStream_t stream)
+                                      const cllm_cuda_norm_in *norm, void *scratch,
+                                      size_t scratch_bytes, cudaStream_t stream)
 {
     const int32_t N = (r->n_head + 2 * r->n_kv) * r->head_dim;
     if (norm && !cllm_cuda_gemm_norm_supported(norm, n, K))
@@ -1201,7 +1325,8 @@ cudaError_t cllm_cuda_gemm_rope_store(const __nv_bfloat16 *w, int32_t K, const _
     if (!cllm_cuda_gemm_rope_supported(w, x, K, n, r->head_dim) || r->n_head < 1 || r->n_kv < 1 ||
         ldy < N)
         return cudaErrorInvalidValue;
-    launch_skinny(way_for(N, K, n).ahead, w, *r, N, K, x, n, y, ldy, norm, stream);
+    launch_skinny(way_for(N, K, n), w, *r, N, K, x, n, y, ldy, scratch, scratch_bytes, norm,
+                  stream);
     return cudaGetLastError();
 }
 
@@ -1223,9 +1348,11 @@ int cllm_cuda_gemm_rope_supported(const void *w, const void *x, int32_t K, int32
 cudaError_t cllm_cuda_gemm_rope_store(const __nv_bfloat16 *w, int32_t K, const __nv_bfloat16 *x,
                                       int32_t n, float *y, int32_t ldy,
                                       const struct cllm_cuda_rope_store *r,
-                                      const struct cllm_cuda_norm_in *norm, cudaStream_t stream)
+                                      const struct cllm_cuda_norm_in *norm, void *scratch,
+                                      size_t scratch_bytes, cudaStream_t stream)
 {
-    (void)w, (void)K, (void)x, (void)n, (void)y, (void)ldy, (void)r, (void)norm, (void)stream;
+    (void)w, (void)K, (void)x, (void)n, (void)y, (void)ldy, (void)r, (void)norm, (void)scratch,
+        (void)scratch_bytes, (void)stream;
     return cudaErrorInvalidValue;
 }
 

@@ -11,7 +11,8 @@
  *             shape only.
  *
  * Two kernels implement that one formula: a "skinny" one for decode steps (n <= 32; one warp
- * per 16 rows x slice, streaming W with 16-byte loads, slices reduced in shared memory) and a
+ * per 16 rows x slice, streaming W with 16-byte loads, slices reduced in shared memory --
+ * or, where a row tile's slices are spread over several blocks, by the last of them) and a
  * tiled one for larger steps (128 rows x 64 tokens per block, or another shape: below, through
  * shared memory; slices one after the other in the block, or in parallel blocks summed by a
  * second kernel in order).
@@ -44,6 +45,12 @@ const char *cllm_cuda_gemm_tiling(void);
  * blocks of 4 slices or more. Same bits either way. */
 void cllm_cuda_gemm_force_ahead(int mode);
 
+/* For comparisons on a GPU (the backend takes CLLM_GEMM_SPLIT=1|2|4): how many blocks share a
+ * row tile's slices in decode steps where the scratch holds their sums (the tile's last block
+ * to finish adds them up in slice order: same bits); 1 (the default) is one block a tile.
+ * Taken only where the slices divide evenly and the row tiles are few (below). */
+void cllm_cuda_gemm_force_split(int parts);
+
 /* Start-up tuning. Each GEMM may run several ways -- the tiled kernel's block shape, its slices
  * in series or in parallel blocks, the skinny kernel's W prefetch -- that compute the same
  * bits (the formula above fixes every sum) at speeds that depend on the GPU, the weight's
@@ -58,6 +65,7 @@ void cllm_cuda_gemm_force_ahead(int mode);
  * choices are open: */
 #define CLLM_CUDA_GEMM_TUNE_TILING 1u /* the tiled kernel's shape (else the process's tiling) */
 #define CLLM_CUDA_GEMM_TUNE_AHEAD 2u  /* the skinny prefetch (else the default rule) */
+#define CLLM_CUDA_GEMM_TUNE_SPLIT 4u  /* blocks a skinny row tile (else the default, one) */
 /* Whether slices run in parallel is always open. x [n_max][K] and y ([n_max][ldy] F32, or
  * paired: the stacked [gate | up] weight, N = 2F, and y the BF16 [n_max][ldy >= F] output)
  * are overwritten; scratch (scratch_bytes, may be short of
@@ -75,7 +83,7 @@ void cllm_cuda_gemm_forget_plans(void);
  * shapes, or a second look at one, need not time them again.) */
 int cllm_cuda_gemm_tuned(int32_t N, int32_t K, int32_t n_max);
 /* The way a GEMM of this shape runs a step of n tokens, in words ("ahead", "not ahead",
- * "128x64", "256x64 parallel"): for logs and tests. */
+ * "ahead, 2 blocks a tile", "128x64", "256x64 parallel"): for logs and tests. */
 void cllm_cuda_gemm_way(int32_t N, int32_t K, int32_t n, char *out, size_t len);
 
 /* K slices of a weight [N][K] (>= 1): enough warps to keep the memory system busy when one
@@ -88,8 +96,11 @@ int cllm_cuda_gemm_supported(const void *w, const void *x, int32_t K);
 
 /* Device scratch with which cllm_cuda_gemm runs the slices of an [N][K] weight over n tokens
  * in parallel blocks (0: it never does for this shape). Without it the same sums run one after
- * the other in each block: same bits, fewer blocks busy. */
+ * the other in each block: same bits, fewer blocks busy. Its first CLLM_CUDA_GEMM_COUNT_BYTES
+ * (counts of the blocks done with a row tile) must be zero when a scratch is first used; the
+ * GEMMs leave them zero. */
 size_t cllm_cuda_gemm_scratch_bytes(int32_t N, int32_t K, int32_t n);
+#define CLLM_CUDA_GEMM_COUNT_BYTES 16384
 
 /* y[t][i] = sum_k w[i][k] x[t][k] (+ bias[i]) for t < n, i < N; y rows of stride ldy >= N.
  * scratch (device, may be NULL) is used if it holds cllm_cuda_gemm_scratch_bytes. */
@@ -136,10 +147,12 @@ int cllm_cuda_gemm_rope_supported(const void *w, const void *x, int32_t K, int32
 /* The stacked QKV projection y = W x (no bias in the sum; W [N][K], N = (n_head + 2 n_kv)
  * head_dim) followed by what cllm_cuda_qkv_rope_store does to y -- bias, RoPE of q and k, K
  * and V into the cache -- in one kernel, with the same bits: one launch less per layer in
- * decode steps. With norm (x then unused), the norm first (above). */
+ * decode steps. With norm (x then unused), the norm first (above). scratch as cllm_cuda_gemm's
+ * for (N, K, n). */
 cudaError_t cllm_cuda_gemm_rope_store(const __nv_bfloat16 *w, int32_t K, const __nv_bfloat16 *x,
                                       int32_t n, float *y, int32_t ldy,
                                       const struct cllm_cuda_rope_store *r,
-                                      const struct cllm_cuda_norm_in *norm, cudaStream_t stream);
+                                      const struct cllm_cuda_norm_in *norm, void *scratch,
+                                      size_t scratch_bytes, cudaStream_t stream);
 
 #endif
