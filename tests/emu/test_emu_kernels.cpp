@@ -819,7 +819,7 @@ int main(int argc, char **argv)
             test_gemm_gate_up_silu(100, 1024);
             test_gemm_rope_store(14, 2, 64, 520, false); /* 4 slices */
             test_gemm_rope_store(12, 2, 128, 264, true); /* 2 slices: not split in 4 */
-            test_gemm_norm(1536);                        /* 12 slices, the norm in every block */
+            test_gemm_norm(1536); /* 12 slices: with the norm inside, not split (same bits) */
         }
         cllm_cuda_gemm_force_split(1);
     }
