@@ -380,10 +380,6 @@ static enum cllm_status grow_unrecorded(struct cuda *c, void **p, size_t *size, 
     return grow_device_buffer(p, size, need, what);
 }
 
-/* The GEMM's scratch: short of it the GEMM computes the same bits with fewer blocks. A
- * recording cannot grow it, so it notes the need: the next graph_begin grows the scratch and
- * drops the recordings, and the step is recorded again with its parallel slices (measured on
- * an H200: a 1536 x 8960 GEMM over 192 tokens took 488 us without them). */
 /* A new GEMM scratch's counts zeroed (gemm.h), on the stream its GEMMs run on. */
 static enum cllm_status zero_gemm_counts(struct cuda *c)
 {
@@ -394,6 +390,10 @@ static enum cllm_status zero_gemm_counts(struct cuda *c)
                            : CLLM_OK;
 }
 
+/* The GEMM's scratch: short of it the GEMM computes the same bits with fewer blocks. A
+ * recording cannot grow it, so it notes the need: the next graph_begin grows the scratch and
+ * drops the recordings, and the step is recorded again with its parallel slices (measured on
+ * an H200: a 1536 x 8960 GEMM over 192 tokens took 488 us without them). */
 static enum cllm_status grow_gemm_scratch(struct cuda *c, size_t need)
 {
     if (c->gemm_scratch_refused && need >= c->gemm_scratch_refused)
