@@ -587,7 +587,33 @@ cudaError_t emu_func_set_attribute(const void *f, enum cudaFuncAttribute a, int 
     dyn_max_of[f] = (size_t)v;
     return cudaSuccess;
 }
-cudaError_t cudaMalloc(void **p, size_t n) { *p = malloc(n ? n : 1); if (*p) memset(*p, 0x5A, n); return *p ? cudaSuccess : cudaErrorMemoryAllocation; }
+/* Memory the emulator hands out: poisoned (0x5A), so that a kernel reading what nothing wrote
+ * reads garbage, as it may on a GPU. */
+static cudaError_t emu_alloc(void **p, size_t n)
+{
+    *p = malloc(n ? n : 1);
+    if (*p)
+        memset(*p, 0x5A, n);
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+/* EMU_REFUSE_DEVICE_BYTES=N: every device allocation of N bytes or more fails as a full device
+ * would fail it (the out-of-memory paths under test; emu_refused_allocations counts them).
+ * As CUDA, a failed cudaMalloc is also the error cudaGetLastError returns next. */
+static long refused_allocations;
+extern "C" long emu_refused_allocations(void)
+{
+    return refused_allocations;
+}
+cudaError_t cudaMalloc(void **p, size_t n)
+{
+    const char *refuse = getenv("EMU_REFUSE_DEVICE_BYTES");
+    cudaError_t e = refuse && *refuse && n >= strtoull(refuse, NULL, 10)
+                        ? (*p = NULL, refused_allocations++, cudaErrorMemoryAllocation)
+                        : emu_alloc(p, n);
+    if (e != cudaSuccess)
+        last_error = e;
+    return e;
+}
 /* As CUDA: freeing device memory waits for the device. */
 cudaError_t cudaFree(void *p) { host_waits_for_device(); free(p); return cudaSuccess; }
 cudaError_t cudaDeviceSynchronize(void) { host_waits_for_device(); return cudaSuccess; }
@@ -630,8 +656,10 @@ static bool is_pinned(const void *p)
 }
 cudaError_t cudaMallocHost(void **p, size_t n)
 {
-    cudaError_t e = cudaMalloc(p, n);
-    if (e == cudaSuccess)
+    cudaError_t e = emu_alloc(p, n);
+    if (e != cudaSuccess)
+        last_error = e;
+    else
         pinned[(uintptr_t)*p] = n ? n : 1;
     return e;
 }
@@ -732,7 +760,10 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int)
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) { *free_bytes = *total_bytes = (size_t)8 << 30; return cudaSuccess; }
 cudaError_t cudaGetLastError(void) { cudaError_t e = last_error; last_error = cudaSuccess; return e; }
 cudaError_t cudaPeekAtLastError(void) { return last_error; }
-const char *cudaGetErrorString(cudaError_t e) { return e ? "emu error" : "no error"; }
+const char *cudaGetErrorString(cudaError_t e)
+{
+    return e == cudaErrorMemoryAllocation ? "out of memory" : e ? "emu error" : "no error";
+}
 /* An event: `done` holds the stream's work up to its record (released by the stream's fiber). */
 struct CUevent_st { double t; char done; };
 cudaError_t cudaEventCreate(cudaEvent_t *e) { *e = new CUevent_st{0, 0}; return cudaSuccess; }

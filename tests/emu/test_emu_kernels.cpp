@@ -381,7 +381,7 @@ static void test_gemm(int32_t N, int32_t K, int32_t n_max, bool with_bias)
     std::vector<float> y_all((size_t)n_max * ldy, -7.0f);
     CHECK(cllm_cuda_gemm(w.data(), b, N, K, x.data(), n_max, y_all.data(), ldy, NULL, 0, 0) == cudaSuccess);
     /* With scratch the tiled kernel's slices run in parallel blocks: the same bits. */
-    size_t scratch_bytes = cllm_cuda_gemm_scratch_bytes(N, K, n_max);
+    size_t scratch_bytes = cllm_cuda_gemm_scratch_bytes(N, K, n_max, false);
     if (cllm_cuda_gemm_slices(N, K) > 1 && n_max > CLLM_CUDA_GEMM_SKINNY_MAX)
         CHECKF(scratch_bytes > 0, "gemm N=%d K=%d: no parallel slices for %d tokens", N, K, n_max);
     if (scratch_bytes) {
@@ -414,7 +414,7 @@ static void test_gemm(int32_t N, int32_t K, int32_t n_max, bool with_bias)
         std::vector<__nv_bfloat16> xs((size_t)n * K);
         for (int32_t i = 0; i < n; i++) memcpy(&xs[(size_t)i * K], &x[(size_t)pick[i] * K], (size_t)K * 2);
         std::vector<float> ys((size_t)n * ldy, -7.0f);
-        std::vector<float> scratch = gemm_scratch(cllm_cuda_gemm_scratch_bytes(N, K, n));
+        std::vector<float> scratch = gemm_scratch(cllm_cuda_gemm_scratch_bytes(N, K, n, false));
         CHECK(cllm_cuda_gemm(w.data(), b, N, K, xs.data(), n, ys.data(), ldy, scratch.data(), scratch.size() * 4, 0) == cudaSuccess);
         CHECKF(counts_zero(scratch), "gemm N=%d K=%d n=%d: counts left in the scratch", N, K, n);
         int32_t differ = 0;
@@ -442,7 +442,7 @@ static void test_gemm_gate_up_silu(int32_t F, int32_t K)
             std::vector<float> gu((size_t)n * N, -7.0f);
             std::vector<__nv_bfloat16> ref((size_t)n * F), out((size_t)n * ldo);
             memset(out.data(), 0xff, out.size() * 2);
-            const size_t bytes = parallel ? cllm_cuda_gemm_scratch_bytes(N, K, n) : 0;
+            const size_t bytes = parallel ? cllm_cuda_gemm_scratch_bytes(N, K, n, false) : 0;
             if (parallel && !bytes)
                 continue; /* this step has no parallel slices */
             std::vector<float> scratch = gemm_scratch(bytes);
@@ -500,7 +500,7 @@ static void test_gemm_rope_store(int32_t n_head, int32_t n_kv, int32_t hd, int32
         CHECK(cllm_cuda_gemm(w.data(), NULL, N, K, x.data(), n, y_ref.data(), ld, NULL, 0, 0) == cudaSuccess);
         CHECK(cllm_cuda_qkv_rope_store(&b, &r.freqs, y_ref.data(), ld, r.bias, n_head, n_kv, hd, k_ref.data(), v_ref.data(), 0) == cudaSuccess);
         r.k_cache = k.data(), r.v_cache = v.data();
-        std::vector<float> scratch = gemm_scratch(cllm_cuda_gemm_scratch_bytes(N, K, n));
+        std::vector<float> scratch = gemm_scratch(cllm_cuda_gemm_scratch_bytes(N, K, n, false));
         CHECK(cllm_cuda_gemm_rope_store(w.data(), K, x.data(), n, y.data(), ld, &r, NULL,
                                         scratch.data(), scratch.size() * 4, 0) == cudaSuccess);
         CHECKF(counts_zero(scratch), "gemm_rope_store n=%d: counts left in the scratch", n);
@@ -567,8 +567,11 @@ static void test_gemm_norm(int32_t K)
             cllm_cuda_norm_in nin = {res_in.data(), with_add ? add.data() : NULL, g.data(), 1e-6f,
                                      out1.data()};
             r.k_cache = kc.data(), r.v_cache = vc.data();
-            std::vector<float> sq = gemm_scratch(cllm_cuda_gemm_scratch_bytes(NQ, K, n));
-            std::vector<float> sg = gemm_scratch(cllm_cuda_gemm_scratch_bytes(2 * F, K, n));
+            /* the norm inside asks for no scratch; given the one a split would take, not split */
+            CHECK(cllm_cuda_gemm_scratch_bytes(NQ, K, n, true) == 0 &&
+                  cllm_cuda_gemm_scratch_bytes(2 * F, K, n, true) == 0);
+            std::vector<float> sq = gemm_scratch(cllm_cuda_gemm_scratch_bytes(NQ, K, n, false));
+            std::vector<float> sg = gemm_scratch(cllm_cuda_gemm_scratch_bytes(2 * F, K, n, false));
             CHECK(cllm_cuda_gemm_rope_store(wq.data(), K, NULL, n, q.data(), NQ, &r, &nin,
                                             sq.data(), sq.size() * 4, 0) == cudaSuccess);
             nin.res_out = out2.data();
@@ -628,7 +631,7 @@ static std::vector<float> gemm_of(const std::vector<__nv_bfloat16> &w, int32_t N
                                   const std::vector<__nv_bfloat16> &x, int32_t n, bool paired)
 {
     const int32_t cols = paired ? N / 2 : N;
-    std::vector<float> scratch = gemm_scratch(cllm_cuda_gemm_scratch_bytes(N, K, n));
+    std::vector<float> scratch = gemm_scratch(cllm_cuda_gemm_scratch_bytes(N, K, n, false));
     std::vector<float> y((size_t)n * cols);
     if (paired) {
         std::vector<__nv_bfloat16> out((size_t)n * cols);

@@ -857,6 +857,124 @@ static void fill_i32(int32_t *p, int32_t n, int32_t v)
         p[i] = v;
 }
 
+#ifdef CLLM_EMULATED
+long emu_refused_allocations(void); /* tests/emu/emu.cpp */
+
+/* y = W x over n tokens on backend `be` (the weight be's), downloaded. */
+static float *matmul_on(struct cllm_backend *be, const struct cllm_weight *w, const void *x_d,
+                        int32_t n, void *y_d, int32_t N)
+{
+    struct cllm_backend *saved = gpu;
+    gpu = be; /* download_f32 reads from it */
+    float *y = NULL;
+    CHECKF(be->iface->matmul(be, w, NULL, x_d, n, y_d, N) == CLLM_OK, "a %d-token GEMM failed",
+           (int)n);
+    y = download_f32(y_d, (int64_t)n * N);
+    gpu = saved;
+    return y;
+}
+
+/* Out of device memory, where only the emulator can make it happen on demand: it refuses every
+ * allocation from EMU_REFUSE_DEVICE_BYTES bytes on, as a full device would. A GEMM without room
+ * for its scratch computes the same bits in fewer blocks, eagerly and recorded (decode steps
+ * split over blocks under CLLM_GEMM_SPLIT=2|4, prefill steps' parallel slices); an allocation
+ * or a draw that finds no room fails as out of memory, queuing nothing; and nothing after it
+ * fails for it (CUDA keeps a failed cudaMalloc as its last error, which the next op's launch
+ * check would report as its own). */
+static void test_out_of_memory(const struct cllm_backend_options *og)
+{
+    enum { n = 40, K = 1024, N = 384, V = 300, R = 3 }; /* the shape of test_graph_short_scratch */
+    if (!our_gemm)
+        return;
+    struct wpair w;
+    make_weight(&w, K, N, 0.05f);
+    float *x = randv(n * K, 1.0f);
+    uint16_t *xb = bf16_of(x, (int64_t)n * K);
+    void *x_d = dev_upload(xb, (size_t)n * K * 2), *y_d = NULL;
+    CHECK(G->alloc(gpu, n * N * 4, &y_d) == CLLM_OK);
+    float *want = matmul_on(gpu, &w.g, x_d, n, y_d, N),
+          *want1 = matmul_on(gpu, &w.g, x_d, 1, y_d, N);
+    G->dealloc(gpu, x_d), G->dealloc(gpu, y_d);
+
+    struct cllm_backend *fresh = NULL;
+    char err[256] = "";
+    if (cllm_backend_new(&fresh, og, err, sizeof err) != CLLM_OK) {
+        CHECKF(false, "a second backend: %s", err);
+        return;
+    }
+    const struct cllm_backend_iface *F = fresh->iface;
+    struct cllm_weight wf;
+    CHECK(F->weight_init(fresh, &w.t, &wf, NULL, 0) == CLLM_OK);
+    void *xf = NULL, *yf = NULL;
+    CHECK(F->alloc(fresh, n * K * 2, &xf) == CLLM_OK && F->alloc(fresh, n * N * 4, &yf) == CLLM_OK);
+    CHECK(F->upload(fresh, xf, xb, (size_t)n * K * 2) == CLLM_OK);
+
+    /* no room for any scratch (it is at least CLLM_CUDA_GEMM_COUNT_BYTES) */
+    setenv("EMU_REFUSE_DEVICE_BYTES", "16384", 1);
+    const long refused = emu_refused_allocations();
+    float *got = matmul_on(fresh, &wf, xf, n, yf, N);
+    CHECKF(emu_refused_allocations() > refused, "the GEMM asked for no scratch");
+    CHECKF(memcmp(got, want, n * N * 4) == 0, "%d tokens without the scratch: other bits", (int)n);
+    free(got);
+    got = matmul_on(fresh, &wf, xf, 1, yf, N);
+    CHECKF(memcmp(got, want1, N * 4) == 0, "1 token without the scratch: other bits");
+    free(got);
+    for (int round = 0; round < 2; round++) { /* recorded, then replayed: no scratch to wait for */
+        bool replayed = true;
+        CHECK(F->memzero(fresh, yf, n * N * 4) == CLLM_OK);
+        CHECK(F->graph_begin(fresh, 98, &replayed) == CLLM_OK);
+        CHECKF(replayed == (round == 1), "round %d: %s", round,
+               replayed ? "replayed" : "recorded again");
+        if (!replayed)
+            CHECK(F->matmul(fresh, &wf, NULL, xf, n, yf, N) == CLLM_OK &&
+                  F->graph_end(fresh, 98) == CLLM_OK);
+        struct cllm_backend *saved = gpu;
+        gpu = fresh;
+        got = download_f32(yf, n * N);
+        gpu = saved;
+        CHECKF(memcmp(got, want, n * N * 4) == 0, "round %d without the scratch: other bits",
+               round);
+        free(got);
+    }
+
+    /* a buffer, then a draw's buffers, with no room: out of memory, and the GEMM after each
+     * runs (it allocates nothing: its scratch was refused before) */
+    void *big = (void *)&big;
+    CHECK(F->alloc(fresh, 1 << 20, &big) == CLLM_ERR_NOMEM && big == NULL);
+    got = matmul_on(fresh, &wf, xf, n, yf, N);
+    CHECKF(memcmp(got, want, n * N * 4) == 0, "the GEMM after a refused buffer: other bits");
+    free(got);
+    float *logits = randv(R * V, 1.0f);
+    float *l_d = NULL;
+    unsetenv("EMU_REFUSE_DEVICE_BYTES");
+    CHECK(F->alloc(fresh, R * V * 4, (void **)&l_d) == CLLM_OK);
+    CHECK(F->upload(fresh, l_d, logits, R * V * 4) == CLLM_OK);
+    struct cllm_sample_row rows[R];
+    memset(rows, 0, sizeof rows);
+    int32_t tok[R];
+    fill_i32(tok, R, -7);
+    setenv("EMU_REFUSE_DEVICE_BYTES", "1", 1);
+    CHECK(F->sample(fresh, l_d, R, V, rows, NULL, tok) == CLLM_ERR_NOMEM);
+    CHECK(F->wait_draw(fresh) == CLLM_ERR_INVALID_ARG); /* nothing queued */
+    CHECK(tok[0] == -7);
+    got = matmul_on(fresh, &wf, xf, n, yf, N);
+    CHECKF(memcmp(got, want, n * N * 4) == 0, "the GEMM after a refused draw: other bits");
+    free(got);
+    unsetenv("EMU_REFUSE_DEVICE_BYTES");
+    /* room again: the draw goes through */
+    CHECK(F->sample(fresh, l_d, R, V, rows, NULL, tok) == CLLM_OK);
+    CHECK(F->wait_draw(fresh) == CLLM_OK);
+    for (int r = 0; r < R; r++)
+        CHECKF(tok[r] == test_argmax(logits + r * V, V), "row %d: token %d", r, (int)tok[r]);
+
+    F->dealloc(fresh, xf), F->dealloc(fresh, yf), F->dealloc(fresh, l_d);
+    F->weight_free(fresh, &wf);
+    cllm_backend_free(fresh);
+    free(logits), free(want), free(want1), free(x), free(xb);
+    free_weight(&w);
+}
+#endif
+
 /* The device sampler's queue (run-ahead): two draws in flight, each written by its own wait in
  * order and a third refused; references in a step's tokens resolved on the device from the
  * newest draw; sync writing every draw; buffers growing under a draw in flight keeping its
@@ -1061,6 +1179,9 @@ int main(void)
 #endif
     test_graph();
     test_graph_short_scratch(&og);
+#ifdef CLLM_EMULATED
+    test_out_of_memory(&og);
+#endif
 
     cllm_backend_free(cpu);
     cllm_backend_free(gpu);

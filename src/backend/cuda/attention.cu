@@ -533,22 +533,10 @@ static __global__ void __launch_bounds__(MMA_WARPS * 32)
 
     /* The last of the tile's tile_splits blocks to finish merges the split rows, in split
      * order (split_weights, merged_dim: the same bits whichever block it is), which saves the
-     * combine kernel's launch. The count is reset for the next launch by that block, atomically: a
-     * plain store would race with the other blocks' atomicAdd in CUDA's memory model (no
-     * fence orders them before it; the emulator's race check reports it). */
+     * combine kernel's launch. */
     __shared__ bool last;
-    __threadfence(); /* this block's partials are visible before it is counted */
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int32_t *counter = split_count(sc, t0, kvh);
-        last = atomicAdd(counter, 1) == tile_splits - 1;
-        if (last)
-            atomicExch(counter, 0);
-    }
-    __syncthreads();
-    if (!last)
+    if (!cllm_cuda_last_block(split_count(sc, t0, kvh), tile_splits, &last))
         return;
-    __threadfence();
     /* Each row's weights once (a thread a row), then every (row, dimension) of the tile spread
      * over the block: the merge was a thread per dimension walking the rows, all 64 of a
      * prefill tile one after the other. */

@@ -145,11 +145,34 @@ static enum cllm_status use_device(struct cuda *c)
 
 /* --- memory --- */
 
+/* cudaMalloc and cudaMallocHost, whose refusal the caller handles: the runtime also keeps a
+ * failed allocation as its last error, which the next op's launch check (cudaGetLastError)
+ * would report as that op's own failure, so it is taken back here. */
+static cudaError_t device_alloc(void **p, size_t bytes)
+{
+    cudaError_t e = cudaMalloc(p, bytes);
+    if (e != cudaSuccess) {
+        *p = NULL;
+        (void)cudaGetLastError();
+    }
+    return e;
+}
+
+static cudaError_t pinned_alloc(void **p, size_t bytes)
+{
+    cudaError_t e = cudaMallocHost(p, bytes);
+    if (e != cudaSuccess) {
+        *p = NULL;
+        (void)cudaGetLastError();
+    }
+    return e;
+}
+
 static enum cllm_status cu_alloc(struct cllm_backend *be, size_t bytes, void **out)
 {
     *out = NULL;
     TRY(use_device(cuda_of(be)));
-    return check_cuda(cudaMalloc(out, bytes ? bytes : 256), "cudaMalloc");
+    return check_cuda(device_alloc(out, bytes ? bytes : 256), "cudaMalloc");
 }
 
 static void cu_dealloc(struct cllm_backend *be, void *p)
@@ -273,7 +296,7 @@ static enum cllm_status cu_weight_init_stacked(struct cllm_backend *be,
     }
     void *data = NULL;
     size_t bytes = dims == 2 ? (size_t)(rows * cols) * 2 : (size_t)rows * sizeof(float);
-    TRY(check_cuda(cudaMalloc(&data, bytes ? bytes : 256), "cudaMalloc (weights)"));
+    TRY(check_cuda(device_alloc(&data, bytes ? bytes : 256), "cudaMalloc (weights)"));
     enum cllm_status st = CLLM_OK;
     for (int i = 0, at = 0; st == CLLM_OK && i < n_parts; i++) {
         const struct cllm_tensor *t = parts[i];
@@ -353,10 +376,8 @@ static cudaError_t replace_device_buffer(void **p, size_t *size, size_t bytes)
     cudaFree(*p);
     *p = NULL;
     *size = 0;
-    cudaError_t e = cudaMalloc(p, bytes);
-    if (e != cudaSuccess)
-        *p = NULL;
-    else
+    cudaError_t e = device_alloc(p, bytes);
+    if (e == cudaSuccess)
         *size = bytes;
     return e;
 }
@@ -409,7 +430,6 @@ static enum cllm_status grow_gemm_scratch(struct cuda *c, size_t need)
         return st;
     /* Out of memory (the KV pool took what was free): the same sums in fewer blocks, and no
      * second try at this size, which would cost a sync and the recordings every time. */
-    (void)cudaGetLastError();
     c->gemm_scratch_refused = need;
     cllm_log(CLLM_LOG_WARN,
              "cuda: no room for %zu bytes of GEMM scratch: its slices run one after the other",
@@ -461,7 +481,7 @@ static enum cllm_status cu_matmul(struct cllm_backend *be, const struct cllm_wei
     int K = (int)w->ne[0], N = (int)w->ne[1];
     const float *b = bias ? (const float *)bias->data : NULL;
     if (!c->cublas_only && cllm_cuda_gemm_supported(w->data, x, K)) {
-        TRY(grow_gemm_scratch(c, cllm_cuda_gemm_scratch_bytes(N, K, n)));
+        TRY(grow_gemm_scratch(c, cllm_cuda_gemm_scratch_bytes(N, K, n, false)));
         return check_cuda(cllm_cuda_gemm((const __nv_bfloat16 *)w->data, b, N, K,
                                          (const __nv_bfloat16 *)x, n, y, ldy, c->gemm_scratch,
                                          c->gemm_scratch_size, c->stream),
@@ -505,7 +525,7 @@ static enum cllm_status cu_matmul_gate_up_silu(struct cllm_backend *be, const st
         return CLLM_ERR_UNSUPPORTED;
     if (n <= 0)
         return CLLM_OK;
-    TRY(grow_gemm_scratch(c, cllm_cuda_gemm_scratch_bytes(2 * dim, K, n)));
+    TRY(grow_gemm_scratch(c, cllm_cuda_gemm_scratch_bytes(2 * dim, K, n, norm != NULL)));
     return check_cuda(cllm_cuda_gemm_gate_up_silu((const __nv_bfloat16 *)w->data, dim, K,
                                                   (const __nv_bfloat16 *)x, n, (__nv_bfloat16 *)out,
                                                   dim, c->gemm_scratch, c->gemm_scratch_size,
@@ -548,7 +568,6 @@ static enum cllm_status cu_tune_matmul(struct cllm_backend *be, const struct cll
          want > c->gemm_scratch_size && want >= ((size_t)1 << 20); want /= 2) {
         if (replace_device_buffer(&c->gemm_scratch, &c->gemm_scratch_size, want) == cudaSuccess)
             break;
-        (void)cudaGetLastError();
     }
     TRY(zero_gemm_counts(c));
     char report[768];
@@ -633,7 +652,7 @@ static enum cllm_status cu_matmul_rope_store(struct cllm_backend *be, const stru
     r.k_cache = (__nv_bfloat16 *)k_cache, r.v_cache = (__nv_bfloat16 *)v_cache;
     r.freqs = c->freqs;
     const int32_t N = (int32_t)w->ne[1];
-    TRY(grow_gemm_scratch(c, cllm_cuda_gemm_scratch_bytes(N, K, b->n_tokens)));
+    TRY(grow_gemm_scratch(c, cllm_cuda_gemm_scratch_bytes(N, K, b->n_tokens, norm != NULL)));
     return check_cuda(cllm_cuda_gemm_rope_store((const __nv_bfloat16 *)w->data, K,
                                                 (const __nv_bfloat16 *)x, b->n_tokens, qkv, ld, &r,
                                                 norm ? &nin : NULL, c->gemm_scratch,
@@ -748,16 +767,15 @@ static enum cllm_status sample_buffers(struct cuda *c, int32_t n, int32_t n_voca
         }
         free_sample_buffers(c);
         enum cllm_status st =
-            check_cuda(cudaMalloc((void **)&c->rows_dev, (size_t)n * sizeof *c->rows_dev),
+            check_cuda(device_alloc((void **)&c->rows_dev, (size_t)n * sizeof *c->rows_dev),
                        "cudaMalloc (sampling)");
         for (int i = 0; i < 2 && !st; i++) {
             struct draw *d = &c->draws[i];
-            st = check_cuda(cudaMalloc((void **)&d->tokens_dev, (size_t)n * sizeof(int32_t)),
+            st = check_cuda(device_alloc((void **)&d->tokens_dev, (size_t)n * sizeof(int32_t)),
                             "cudaMalloc (sampling)");
             if (!st)
-                st = check_cuda(
-                    cudaMallocHost((void **)&d->tokens_host, (size_t)n * sizeof(int32_t)),
-                    "cudaMallocHost (sampling)");
+                st = check_cuda(pinned_alloc((void **)&d->tokens_host, (size_t)n * sizeof(int32_t)),
+                                "cudaMallocHost (sampling)");
             if (!st && !d->done)
                 st = check_cuda(cudaEventCreateWithFlags(&d->done, cudaEventDisableTiming),
                                 "cudaEventCreate (sampling)");
@@ -791,11 +809,8 @@ static const void *stage_counts(struct draw *d, const struct cllm_token_count *c
         cudaFreeHost(d->counts_host);
         d->counts_host = NULL;
         d->counts_cap = 0;
-        if (cudaMallocHost((void **)&d->counts_host, cap * sizeof *counts) != cudaSuccess) {
-            (void)cudaGetLastError(); /* not an error of the draw */
-            d->counts_host = NULL;
+        if (pinned_alloc((void **)&d->counts_host, cap * sizeof *counts) != cudaSuccess)
             return counts;
-        }
         d->counts_cap = cap;
     }
     if (n)
@@ -1046,11 +1061,11 @@ static enum cllm_status probe_blas(struct cuda *c, char *err, size_t err_len)
             want[t * N + r] = s;
         }
     void *dw = NULL, *dx = NULL, *dy = NULL;
-    enum cllm_status st = check_cuda(cudaMalloc(&dw, sizeof w), "cudaMalloc (BLAS probe)");
+    enum cllm_status st = check_cuda(device_alloc(&dw, sizeof w), "cudaMalloc (BLAS probe)");
     if (!st)
-        st = check_cuda(cudaMalloc(&dx, sizeof x), "cudaMalloc (BLAS probe)");
+        st = check_cuda(device_alloc(&dx, sizeof x), "cudaMalloc (BLAS probe)");
     if (!st)
-        st = check_cuda(cudaMalloc(&dy, sizeof got), "cudaMalloc (BLAS probe)");
+        st = check_cuda(device_alloc(&dy, sizeof got), "cudaMalloc (BLAS probe)");
     if (!st)
         st = upload_now(c, dw, w, sizeof w, "BLAS probe upload");
     if (!st)
@@ -1170,9 +1185,9 @@ extern "C" enum cllm_status cllm_backend_cuda_new(struct cllm_backend **out, int
         step = "cudaStreamCreate", e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (e == cudaSuccess)
         step = "cudaMalloc (BLAS workspace)",
-        e = cudaMalloc(&c->blas_workspace, BLAS_WORKSPACE_BYTES);
+        e = device_alloc(&c->blas_workspace, BLAS_WORKSPACE_BYTES);
     if (e == cudaSuccess)
-        step = "cudaMallocHost (staging)", e = cudaMallocHost(&c->staging, STAGING_BYTES);
+        step = "cudaMallocHost (staging)", e = pinned_alloc(&c->staging, STAGING_BYTES);
     if (e != cudaSuccess) {
         cllm_fail(err, err_len, CLLM_ERR_DEVICE, "CUDA device %d: %s failed: %s", (int)device, step,
                   cudaGetErrorString(e));

@@ -577,18 +577,8 @@ static __device__ CLLM_NOINLINE bool gather_split(const skinny_split &sp, float 
     for (int32_t i = threadIdx.x; i < per * NT * 128; i += blockDim.x)
         sp.partials[tile + own * NT * 128 + i] = flat[own * NT * 128 + i];
     __shared__ bool last;
-    __threadfence(); /* this block's sums are visible before it is counted */
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int32_t *count = &sp.counts[blockIdx.x];
-        last = atomicAdd(count, 1) == (int32_t)gridDim.y - 1;
-        if (last)
-            atomicExch(count, 0); /* atomically: a plain store races with the others' adds */
-    }
-    __syncthreads();
-    if (!last)
+    if (!cllm_cuda_last_block(&sp.counts[blockIdx.x], (int32_t)gridDim.y, &last))
         return false;
-    __threadfence();
     for (int32_t i = threadIdx.x; i < S * NT * 128; i += blockDim.x)
         if (i / (NT * 128) / per != (int32_t)blockIdx.y)
             flat[i] = __ldcg(&sp.partials[tile + i]);
@@ -908,9 +898,9 @@ static __global__ void gemm_reduce_silu(const float *partials, int32_t N, int32_
     }
 }
 
-size_t cllm_cuda_gemm_scratch_bytes(int32_t N, int32_t K, int32_t n)
+size_t cllm_cuda_gemm_scratch_bytes(int32_t N, int32_t K, int32_t n, bool norm_inside)
 {
-    if (N <= 0 || n <= 0)
+    if (N <= 0 || n <= 0 || norm_inside) /* the norm: decode steps, never split (launch_skinny) */
         return 0;
     const gemm_way w = way_for(N, K, n);
     if (n <= CLLM_CUDA_GEMM_SKINNY_MAX)
@@ -1371,9 +1361,9 @@ int cllm_cuda_gemm_supported(const void *w, const void *x, int32_t K)
     return 0;
 }
 
-size_t cllm_cuda_gemm_scratch_bytes(int32_t N, int32_t K, int32_t n)
+size_t cllm_cuda_gemm_scratch_bytes(int32_t N, int32_t K, int32_t n, bool norm_inside)
 {
-    (void)N, (void)K, (void)n;
+    (void)N, (void)K, (void)n, (void)norm_inside;
     return 0;
 }
 

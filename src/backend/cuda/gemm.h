@@ -95,11 +95,12 @@ int32_t cllm_cuda_gemm_slices(int32_t N, int32_t K);
 int cllm_cuda_gemm_supported(const void *w, const void *x, int32_t K);
 
 /* Device scratch with which cllm_cuda_gemm runs the slices of an [N][K] weight over n tokens
- * in parallel blocks (0: it never does for this shape). Without it the same sums run one after
- * the other in each block: same bits, fewer blocks busy. Its first CLLM_CUDA_GEMM_COUNT_BYTES
- * (counts of the blocks done with a row tile) must be zero when a scratch is first used; the
- * GEMMs leave them zero. */
-size_t cllm_cuda_gemm_scratch_bytes(int32_t N, int32_t K, int32_t n);
+ * in parallel blocks (0: it never does for this shape, nor with the norm inside: norm_inside,
+ * a GEMM given a cllm_cuda_norm_in). Without it the same sums run one after the other in each
+ * block: same bits, fewer blocks busy. Its first CLLM_CUDA_GEMM_COUNT_BYTES (counts of the
+ * blocks done with a row tile) must be zero when a scratch is first used; the GEMMs leave them
+ * zero. */
+size_t cllm_cuda_gemm_scratch_bytes(int32_t N, int32_t K, int32_t n, bool norm_inside);
 #define CLLM_CUDA_GEMM_COUNT_BYTES 16384
 
 /* y[t][i] = sum_k w[i][k] x[t][k] (+ bias[i]) for t < n, i < N; y rows of stride ldy >= N.

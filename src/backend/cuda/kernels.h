@@ -49,6 +49,30 @@ static __device__ __forceinline__ void cllm_cuda_rope_rotate(float x1, float x2,
     *y2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
 }
 
+/* The end of a launch whose blocks share out a tile's work: each block, its part written,
+ * counts itself on *count; true in the last of the tile's `blocks` to do so, which then sees
+ * every block's part and has reset the count for the next launch (atomically: a plain store
+ * would race with the others' atomicAdd in CUDA's memory model; the emulator's race check
+ * reports it). Every thread of the block calls it. `last` is the caller's __shared__ flag: the
+ * emulator gives a block its own copy of a __shared__ variable only in the .cu files it
+ * rewrites (tests/emu/prep.py), not in this header. */
+static __device__ __forceinline__ bool cllm_cuda_last_block(int32_t *count, int32_t blocks,
+                                                            bool *last)
+{
+    __threadfence(); /* this block's part is visible before it is counted */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        *last = atomicAdd(count, 1) == blocks - 1;
+        if (*last)
+            atomicExch(count, 0);
+    }
+    __syncthreads();
+    if (!*last)
+        return false;
+    __threadfence(); /* the parts counted before this block's are seen after it */
+    return true;
+}
+
 /* What cllm_cuda_qkv_rope_store does after the QKV projection, as the GEMM's epilogue takes
  * it (gemm.h): rows of [q heads | k heads | v heads], n_head + 2 n_kv heads of head_dim. */
 struct cllm_cuda_rope_store {
