@@ -68,11 +68,31 @@ static void crashes(struct fault *f)
     abort();
 }
 
+/* CLLM_FAULT_NOMEM_TOKENS=N: while the file exists, a matmul over more than N tokens finds no
+ * room (CLLM_ERR_NOMEM), as on a device whose memory is too short for the buffers of a large
+ * step, and smaller steps run; nothing else fails. -1 when not asked for. */
+static long nomem_tokens(void)
+{
+    const char *limit = getenv("CLLM_FAULT_NOMEM_TOKENS");
+    return limit && *limit ? strtol(limit, NULL, 10) : -1;
+}
+
+static enum cllm_status fault_matmul(struct cllm_backend *be, const struct cllm_weight *w,
+                                     const struct cllm_weight *bias, const void *x, int32_t n,
+                                     float *y, int32_t ldy)
+{
+    struct fault *f = fault_of(be);
+    const long limit = nomem_tokens();
+    if (limit >= 0 && n > limit && access(f->trigger, F_OK) == 0)
+        return CLLM_ERR_NOMEM;
+    return f->inner->iface->matmul(be, w, bias, x, n, y, ldy);
+}
+
 static enum cllm_status fault_sync(struct cllm_backend *be)
 {
     struct fault *f = fault_of(be);
     crashes(f);
-    if (stalls(f))
+    if (stalls(f) || nomem_tokens() >= 0)
         return f->inner->iface->sync(be);
     return fails_once(f) || lost(f) ? CLLM_ERR_DEVICE : f->inner->iface->sync(be);
 }
@@ -114,6 +134,7 @@ enum cllm_status cllm_backend_fault_wrap(struct cllm_backend **be, const char *t
     f->iface.sync = fault_sync;
     f->iface.upload = fault_upload;
     f->iface.download = fault_download;
+    f->iface.matmul = fault_matmul;
     const char *name = getenv("CLLM_FAULT_NAME"); /* the environment outlives the wrapper */
     if (name && *name)
         f->iface.name = name;

@@ -483,21 +483,66 @@ static void keep_request(struct cllm_request **keep, int32_t *n, struct cllm_req
     keep[(*n)++] = r;
 }
 
+/* Room for every request the engine holds (take_requests). */
+static struct cllm_request **requests_room(struct cllm_engine *e)
+{
+    const struct cllm_scheduler *s = &e->sched;
+    int32_t cap = s->n_running + s->n_waiting;
+    for (int32_t i = 0; i < e->n_flights; i++)
+        cap += flight_at(e, i)->n_entries;
+    return cllm_malloc_array((size_t)cap + 1, sizeof(struct cllm_request *));
+}
+
+/* Every request that is not over into keep (requests_room), in the order they came: running
+ * (including the failed plan's), those only a launched step still held (at their length
+ * limit), waiting; each retained, with the tokens that launched steps drew and nobody saw
+ * dropped. The launched steps are forgotten. Then the scheduler can be freed and a new one
+ * given them back (requeue), each as if preempted: its known tokens kept, its cache
+ * recomputed. Returns how many. */
+static int32_t take_requests(struct cllm_engine *e, struct cllm_request **keep)
+{
+    struct cllm_scheduler *s = &e->sched;
+    int32_t n = 0;
+    for (int32_t i = 0; i < s->n_running; i++)
+        keep_request(keep, &n, s->running[i]);
+    for (int32_t f = 0; f < e->n_flights; f++)
+        for (int32_t j = 0; j < flight_at(e, f)->n_entries; j++)
+            keep_request(keep, &n, flight_at(e, f)->entries[j].req);
+    for (int32_t i = 0; i < s->n_waiting; i++)
+        keep_request(keep, &n, s->waiting[(s->wait_head + i) % s->wait_cap]);
+    for (int32_t i = 0; i < n; i++) {
+        cllm_request_retain(keep[i]);
+        keep[i]->n_tokens -= keep[i]->n_unseen;
+        keep[i]->n_unseen = 0;
+        keep[i]->unseen_output = 0;
+    }
+    while (e->n_flights > 0)
+        pop_flight(e);
+    return n;
+}
+
+/* The taken requests queued on the engine's (new) scheduler, in order; keep freed. */
+static void requeue(struct cllm_engine *e, struct cllm_request **keep, int32_t n, const char *why)
+{
+    for (int32_t i = 0; i < n; i++) {
+        if (cllm_scheduler_add(&e->sched, keep[i]) != CLLM_OK)
+            end_request(e, keep[i], CLLM_FINISH_ERROR, why);
+        cllm_request_release(keep[i]);
+    }
+    free(keep);
+}
+
 /* Under --device auto a GPU that failed (lost, or a step that fails on it) is not the end of
- * the requests it held: the engine loads the model on the CPU and goes on with every request,
- * as if each had been preempted -- its known tokens kept (those that launched steps drew and
- * nobody saw are dropped), its cache recomputed. Slower, but no answer is lost. Returns
- * false, having changed nothing, if the CPU model or its cache cannot be made. */
+ * the requests it held: the engine loads the model on the CPU and goes on with every request
+ * (take_requests). Slower, but no answer is lost. Returns false, having changed nothing, if
+ * the CPU model or its cache cannot be made. */
 static bool move_to_cpu(struct cllm_engine *e, enum cllm_status rc)
 {
     const struct cllm_engine_config *cfg = &e->cfg;
     struct cllm_scheduler *s = &e->sched;
     struct cllm_backend *old_be = e->be;
     struct cllm_model *old_model = e->model;
-    int32_t cap = s->n_running + s->n_waiting;
-    for (int32_t i = 0; i < e->n_flights; i++)
-        cap += flight_at(e, i)->n_entries;
-    struct cllm_request **keep = cllm_malloc_array((size_t)cap + 1, sizeof *keep);
+    struct cllm_request **keep = requests_room(e);
     struct cllm_kv_cache kv = {0};
     struct cllm_scheduler ns;
     char err[256] = "";
@@ -528,24 +573,7 @@ static bool move_to_cpu(struct cllm_engine *e, enum cllm_status rc)
         free(keep);
         return false;
     }
-    /* Every request that is not over, in the order they came: running (including the failed
-     * plan's), those only a launched step still held (at their length limit), waiting. */
-    int32_t n = 0;
-    for (int32_t i = 0; i < s->n_running; i++)
-        keep_request(keep, &n, s->running[i]);
-    for (int32_t f = 0; f < e->n_flights; f++)
-        for (int32_t j = 0; j < flight_at(e, f)->n_entries; j++)
-            keep_request(keep, &n, flight_at(e, f)->entries[j].req);
-    for (int32_t i = 0; i < s->n_waiting; i++)
-        keep_request(keep, &n, s->waiting[(s->wait_head + i) % s->wait_cap]);
-    for (int32_t i = 0; i < n; i++) {
-        cllm_request_retain(keep[i]);
-        keep[i]->n_tokens -= keep[i]->n_unseen;
-        keep[i]->n_unseen = 0;
-        keep[i]->unseen_output = 0;
-    }
-    while (e->n_flights > 0)
-        pop_flight(e);
+    const int32_t n = take_requests(e, keep);
     ns.n_preemptions = s->n_preemptions + (uint64_t)s->n_running;
     cllm_scheduler_free(s); /* every request's blocks go back, its n_computed to 0 */
     cllm_kv_cache_free(&e->kv, old_model);
@@ -560,12 +588,7 @@ static bool move_to_cpu(struct cllm_engine *e, enum cllm_status rc)
     cllm_backend_free(old_be);
     e->kv = kv;
     *s = ns;
-    for (int32_t i = 0; i < n; i++) {
-        if (cllm_scheduler_add(s, keep[i]) != CLLM_OK)
-            end_request(e, keep[i], CLLM_FINISH_ERROR, "out of memory moving to the CPU");
-        cllm_request_release(keep[i]);
-    }
-    free(keep);
+    requeue(e, keep, n, "out of memory moving to the CPU");
     set_step_modes(e);
     pthread_mutex_lock(&e->lock);
     e->backend_name = e->be->iface->name;
@@ -573,6 +596,37 @@ static bool move_to_cpu(struct cllm_engine *e, enum cllm_status rc)
     e->stats.kv_blocks_total = (int32_t)n_blocks;
     memcpy(e->fallback, fallback, sizeof fallback);
     pthread_mutex_unlock(&e->lock);
+    return true;
+}
+
+/* A step that found no room on the device (CLLM_ERR_NOMEM: a buffer the size of the step that
+ * could not grow, the device's memory taken by the KV cache or by another process) is not
+ * the end of its requests: the engine goes on with steps of half as many tokens and
+ * sequences, whose buffers are smaller, and every request recomputed (take_requests); again
+ * if need be, down to one token a step. Returns false, having changed nothing, at one token a
+ * step already or if the new scheduler cannot be made. */
+static bool smaller_steps(struct cllm_engine *e)
+{
+    struct cllm_scheduler *s = &e->sched, ns;
+    if (s->max_batch_tokens <= 1)
+        return false;
+    const int32_t tokens = s->max_batch_tokens / 2, seqs = s->max_seqs > 1 ? s->max_seqs / 2 : 1;
+    struct cllm_request **keep = requests_room(e);
+    if (!keep || cllm_scheduler_init(&ns, s->pool.n_blocks, s->pool.block_size, tokens,
+                                     seqs < tokens ? seqs : tokens, s->prefix_cache)) {
+        free(keep);
+        return false;
+    }
+    const int32_t n = take_requests(e, keep);
+    ns.n_preemptions = s->n_preemptions + (uint64_t)s->n_running;
+    cllm_scheduler_free(s);
+    *s = ns;
+    cllm_log(
+        CLLM_LOG_WARN,
+        "engine: a step found no room on the %s device: the %d requests held go on (recomputed "
+        "from their tokens so far) in steps of at most %d tokens and %d sequences",
+        e->be->iface->name, (int)n, (int)s->max_batch_tokens, (int)s->max_seqs);
+    requeue(e, keep, n, "out of memory");
     return true;
 }
 
@@ -596,6 +650,8 @@ static void step_failed(struct cllm_engine *e, enum cllm_status rc, bool plan)
      * batch -- is not given the next one: its requests go on on the CPU. */
     if (rc == CLLM_ERR_DEVICE && e->cfg.backend == CLLM_BACKEND_AUTO && on_gpu(e) &&
         move_to_cpu(e, rc))
+        return;
+    if (rc == CLLM_ERR_NOMEM && smaller_steps(e))
         return;
     /* The loss is recorded before any request ends with it: a client that gets the error and
      * asks /health at once must see the device lost, not "ok". */

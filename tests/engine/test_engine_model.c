@@ -11,6 +11,8 @@
  *     computes, and under preemption;
  *   - a device that fails mid-batch under --device auto (lost, with and without run-ahead, or
  *     once): the engine moves to the CPU and every answer is still the same as alone;
+ *   - a device short of memory for large steps: the engine goes on in smaller ones, every
+ *     answer still the same as alone;
  *   - a device that stops answering: the engine reports itself stalled past its stall timeout
  *     (and only then), refuses new requests, and goes on once the device answers;
  *   - seeded sampling with Qwen's default settings gives the same answers alone and batched
@@ -363,6 +365,80 @@ static double wait_stalled(struct cllm_engine *e, bool want, char *why, size_t w
     return cllm_now() - t0;
 }
 
+/* A device short of memory for large steps (CLLM_FAULT_NOMEM_TOKENS: while the fault file
+ * exists, a matmul over more than 16 tokens finds no room, CLLM_ERR_NOMEM): the engine goes on
+ * in smaller steps (halving its budget of 256 tokens until they fit) and every answer of a
+ * batch of four is still the one alone, with and without run-ahead, started before the fault
+ * and after. With no room for even one token (a limit of 0) the requests end with the error,
+ * not a hang, and once there is room again the engine answers. */
+static void test_device_short_of_memory(const struct cllm_buf *alone)
+{
+    char dir[] = "/tmp/cllm-nomem-XXXXXX", trigger[64];
+    if (!fault_file(dir, "nomem", trigger, sizeof trigger))
+        return;
+    setenv("CLLM_FAULT_NOMEM_TOKENS", "16", 1);
+    for (int mode = 0; mode < 2; mode++) {
+        const int ra = mode ? 1 : -1;
+        struct cllm_engine *e = engine_modes(0, 256, 512, 0, ra, ra);
+        if (!e)
+            break;
+        struct cllm_request_params p;
+        params(&p, GEN);
+        struct cllm_request *reqs[4];
+        struct cllm_request_output outs[4];
+        memset(outs, 0, sizeof outs);
+        char err[256];
+        fclose(fopen(trigger, "w"));
+        for (int i = 0; i < 4; i++)
+            CHECKF(cllm_engine_submit(e, prompts[i].v, (int32_t)prompts[i].n, &p, &reqs[i], err,
+                                      sizeof err) == CLLM_OK,
+                   "%s", err);
+        for (int i = 0; i < 4; i++) {
+            while (!cllm_request_poll(reqs[i], -1, &outs[i]))
+                ;
+            cllm_request_release(reqs[i]);
+            CHECKF(outs[i].reason != CLLM_FINISH_ERROR && outs[i].text.len == alone[i].len &&
+                       memcmp(outs[i].text.data, alone[i].data, alone[i].len) == 0,
+                   "run-ahead %d, question %d, short of memory: reason %d (%s), %zu bytes of %zu",
+                   ra, i, (int)outs[i].reason, outs[i].error, outs[i].text.len, alone[i].len);
+            cllm_buf_free(&outs[i].text);
+        }
+        struct cllm_engine_stats st;
+        wait_idle(e, &st);
+        CHECK(st.kv_blocks_used == 0 && st.running == 0 && st.requests_finished == 4);
+        if (mode == 1) {
+            /* no room at all: the error, then answers again once there is room */
+            setenv("CLLM_FAULT_NOMEM_TOKENS", "0", 1);
+            struct cllm_request *r = NULL;
+            struct cllm_request_output out = {0};
+            CHECK(cllm_engine_submit(e, prompts[0].v, (int32_t)prompts[0].n, &p, &r, err,
+                                     sizeof err) == CLLM_OK);
+            while (r && !cllm_request_poll(r, -1, &out))
+                ;
+            CHECKF(out.reason == CLLM_FINISH_ERROR && strstr(out.error, "out of memory"),
+                   "no room for a token: reason %d (%s)", (int)out.reason, out.error);
+            cllm_request_release(r);
+            cllm_buf_free(&out.text);
+            unlink(trigger);
+            memset(&out, 0, sizeof out);
+            CHECK(cllm_engine_submit(e, prompts[1].v, (int32_t)prompts[1].n, &p, &r, err,
+                                     sizeof err) == CLLM_OK);
+            while (r && !cllm_request_poll(r, -1, &out))
+                ;
+            CHECKF(out.reason != CLLM_FINISH_ERROR && out.text.len == alone[1].len &&
+                       memcmp(out.text.data, alone[1].data, alone[1].len) == 0,
+                   "room again: reason %d (%s)", (int)out.reason, out.error);
+            cllm_request_release(r);
+            cllm_buf_free(&out.text);
+        }
+        cllm_engine_free(e);
+        unlink(trigger);
+    }
+    unsetenv("CLLM_FAULT_FILE");
+    unsetenv("CLLM_FAULT_NOMEM_TOKENS");
+    rmdir(dir);
+}
+
 /* A device that stops answering without an error (CLLM_FAULT_STALL: each sync waits while the
  * fault file exists). On the fake GPU with a stall timeout of 0.5 s (run-ahead, as on a GPU):
  * the engine reports itself stalled once a step has run 0.5 s and refuses new requests, and
@@ -489,6 +565,7 @@ static void test_invariance(void)
     test_stop_string(alone);
     test_eos_run_ahead(alone);
     test_device_lost(alone);
+    test_device_short_of_memory(alone);
     test_device_stall(alone);
     for (int i = 0; i < N_Q; i++) {
         CHECKF(n_batched[i] == n_alone[i], "question %d: %d tokens batched, %d alone", i,
