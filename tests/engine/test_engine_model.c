@@ -296,6 +296,35 @@ static bool fault_file(char *dir, const char *name, char *trigger, size_t cap)
     return true;
 }
 
+/* Questions [0, n) submitted to e, greedy. */
+static void submit_first(struct cllm_engine *e, int n, struct cllm_request **reqs)
+{
+    struct cllm_request_params p;
+    params(&p, GEN);
+    char err[256];
+    for (int i = 0; i < n; i++)
+        CHECKF(cllm_engine_submit(e, prompts[i].v, (int32_t)prompts[i].n, &p, &reqs[i], err,
+                                  sizeof err) == CLLM_OK,
+               "%s", err);
+}
+
+/* Waits for reqs[0, n) (outs: what their polls left so far) and checks that each answer is
+ * the one alone; releases them. `what` names the case. */
+static void expect_alone(struct cllm_request **reqs, struct cllm_request_output *outs, int n,
+                         const struct cllm_buf *alone, const char *what)
+{
+    for (int i = 0; i < n; i++) {
+        while (!cllm_request_poll(reqs[i], -1, &outs[i]))
+            ;
+        cllm_request_release(reqs[i]);
+        CHECKF(outs[i].reason != CLLM_FINISH_ERROR && outs[i].text.len == alone[i].len &&
+                   memcmp(outs[i].text.data, alone[i].data, alone[i].len) == 0,
+               "%s, question %d: reason %d (%s), %zu bytes of %zu", what, i, (int)outs[i].reason,
+               outs[i].error, outs[i].text.len, alone[i].len);
+        cllm_buf_free(&outs[i].text);
+    }
+}
+
 /* A device that fails in the middle of a batch (CLLM_FAULT_FILE; the CPU backend passing for
  * a GPU by CLLM_FAULT_NAME) under --device auto: the engine moves to the CPU, and every
  * request still gets its whole answer, the same as alone -- lost for good without and with
@@ -316,32 +345,18 @@ static void test_device_lost(const struct cllm_buf *alone)
             break;
         CHECKF(!strcmp(cllm_engine_backend_name(e), "fake-gpu"), "mode %d: starts on %s", mode,
                cllm_engine_backend_name(e));
-        struct cllm_request_params p;
-        params(&p, GEN);
         struct cllm_request *reqs[4];
         struct cllm_request_output outs[4];
         memset(outs, 0, sizeof outs);
-        char err[256];
-        for (int i = 0; i < 4; i++)
-            CHECKF(cllm_engine_submit(e, prompts[i].v, (int32_t)prompts[i].n, &p, &reqs[i], err,
-                                      sizeof err) == CLLM_OK,
-                   "%s", err);
+        submit_first(e, 4, reqs);
         /* lost once the first answer is a few tokens in (the others are mid-prompt or also
          * generating) */
         while (!cllm_request_poll(reqs[0], 10, &outs[0]) && outs[0].n_generated < 3)
             ;
         fclose(fopen(trigger, "w"));
-        for (int i = 0; i < 4; i++) {
-            while (!cllm_request_poll(reqs[i], -1, &outs[i]))
-                ;
-            cllm_request_release(reqs[i]);
-            CHECKF(outs[i].reason != CLLM_FINISH_ERROR && outs[i].text.len == alone[i].len &&
-                       memcmp(outs[i].text.data, alone[i].data, alone[i].len) == 0,
-                   "mode %d, question %d: after the device failed: reason %d (%s), "
-                   "%zu bytes of %zu",
-                   mode, i, (int)outs[i].reason, outs[i].error, outs[i].text.len, alone[i].len);
-            cllm_buf_free(&outs[i].text);
-        }
+        char what[64];
+        snprintf(what, sizeof what, "mode %d, after the device failed", mode);
+        expect_alone(reqs, outs, 4, alone, what);
         CHECKF(!strcmp(cllm_engine_backend_name(e), "cpu"), "mode %d: ends on %s", mode,
                cllm_engine_backend_name(e));
         struct cllm_engine_stats st;
@@ -368,8 +383,8 @@ static double wait_stalled(struct cllm_engine *e, bool want, char *why, size_t w
 /* A device short of memory for large steps (CLLM_FAULT_NOMEM_TOKENS: while the fault file
  * exists, a matmul over more than 16 tokens finds no room, CLLM_ERR_NOMEM): the engine goes on
  * in smaller steps (halving its budget of 256 tokens until they fit) and every answer of a
- * batch of four is still the one alone, with and without run-ahead, started before the fault
- * and after. With no room for even one token (a limit of 0) the requests end with the error,
+ * batch of four started under the fault is still the one alone, with and without run-ahead.
+ * With no room for even one token (a limit of 0) the requests end with the error,
  * not a hang, and once there is room again the engine answers. */
 static void test_device_short_of_memory(const struct cllm_buf *alone)
 {
@@ -382,54 +397,32 @@ static void test_device_short_of_memory(const struct cllm_buf *alone)
         struct cllm_engine *e = engine_modes(0, 256, 512, 0, ra, ra);
         if (!e)
             break;
-        struct cllm_request_params p;
-        params(&p, GEN);
         struct cllm_request *reqs[4];
         struct cllm_request_output outs[4];
         memset(outs, 0, sizeof outs);
-        char err[256];
         fclose(fopen(trigger, "w"));
-        for (int i = 0; i < 4; i++)
-            CHECKF(cllm_engine_submit(e, prompts[i].v, (int32_t)prompts[i].n, &p, &reqs[i], err,
-                                      sizeof err) == CLLM_OK,
-                   "%s", err);
-        for (int i = 0; i < 4; i++) {
-            while (!cllm_request_poll(reqs[i], -1, &outs[i]))
-                ;
-            cllm_request_release(reqs[i]);
-            CHECKF(outs[i].reason != CLLM_FINISH_ERROR && outs[i].text.len == alone[i].len &&
-                       memcmp(outs[i].text.data, alone[i].data, alone[i].len) == 0,
-                   "run-ahead %d, question %d, short of memory: reason %d (%s), %zu bytes of %zu",
-                   ra, i, (int)outs[i].reason, outs[i].error, outs[i].text.len, alone[i].len);
-            cllm_buf_free(&outs[i].text);
-        }
+        submit_first(e, 4, reqs);
+        char what[64];
+        snprintf(what, sizeof what, "run-ahead %d, short of memory", ra);
+        expect_alone(reqs, outs, 4, alone, what);
         struct cllm_engine_stats st;
         wait_idle(e, &st);
         CHECK(st.kv_blocks_used == 0 && st.running == 0 && st.requests_finished == 4);
         if (mode == 1) {
             /* no room at all: the error, then answers again once there is room */
             setenv("CLLM_FAULT_NOMEM_TOKENS", "0", 1);
-            struct cllm_request *r = NULL;
-            struct cllm_request_output out = {0};
-            CHECK(cllm_engine_submit(e, prompts[0].v, (int32_t)prompts[0].n, &p, &r, err,
-                                     sizeof err) == CLLM_OK);
-            while (r && !cllm_request_poll(r, -1, &out))
+            memset(outs, 0, sizeof outs);
+            submit_first(e, 1, reqs);
+            while (!cllm_request_poll(reqs[0], -1, &outs[0]))
                 ;
-            CHECKF(out.reason == CLLM_FINISH_ERROR && strstr(out.error, "out of memory"),
-                   "no room for a token: reason %d (%s)", (int)out.reason, out.error);
-            cllm_request_release(r);
-            cllm_buf_free(&out.text);
+            CHECKF(outs[0].reason == CLLM_FINISH_ERROR && strstr(outs[0].error, "out of memory"),
+                   "no room for a token: reason %d (%s)", (int)outs[0].reason, outs[0].error);
+            cllm_request_release(reqs[0]);
+            cllm_buf_free(&outs[0].text);
             unlink(trigger);
-            memset(&out, 0, sizeof out);
-            CHECK(cllm_engine_submit(e, prompts[1].v, (int32_t)prompts[1].n, &p, &r, err,
-                                     sizeof err) == CLLM_OK);
-            while (r && !cllm_request_poll(r, -1, &out))
-                ;
-            CHECKF(out.reason != CLLM_FINISH_ERROR && out.text.len == alone[1].len &&
-                       memcmp(out.text.data, alone[1].data, alone[1].len) == 0,
-                   "room again: reason %d (%s)", (int)out.reason, out.error);
-            cllm_request_release(r);
-            cllm_buf_free(&out.text);
+            memset(outs, 0, sizeof outs);
+            submit_first(e, 1, reqs);
+            expect_alone(reqs, outs, 1, alone, "room again");
         }
         cllm_engine_free(e);
         unlink(trigger);
