@@ -596,6 +596,9 @@ static cudaError_t emu_alloc(void **p, size_t n)
         memset(*p, 0x5A, n);
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
+/* The emulated device's memory (cudaMemGetInfo, cudaGetDeviceProperties): an allocation
+ * larger than all of it fails, as on a GPU, rather than reaching malloc. */
+static const size_t DEVICE_BYTES = (size_t)8 << 30;
 /* EMU_REFUSE_DEVICE_BYTES=N: every device allocation of N bytes or more fails as a full device
  * would fail it (the out-of-memory paths under test; emu_refused_allocations counts them).
  * As CUDA, a failed cudaMalloc is also the error cudaGetLastError returns next. */
@@ -607,7 +610,7 @@ extern "C" long emu_refused_allocations(void)
 cudaError_t cudaMalloc(void **p, size_t n)
 {
     const char *refuse = getenv("EMU_REFUSE_DEVICE_BYTES");
-    cudaError_t e = refuse && *refuse && n >= strtoull(refuse, NULL, 10)
+    cudaError_t e = n > DEVICE_BYTES || (refuse && *refuse && n >= strtoull(refuse, NULL, 10))
                         ? (*p = NULL, refused_allocations++, cudaErrorMemoryAllocation)
                         : emu_alloc(p, n);
     if (e != cudaSuccess)
@@ -752,12 +755,16 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int)
 {
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "CUDA emulator");
-    p->totalGlobalMem = (size_t)8 << 30;
+    p->totalGlobalMem = DEVICE_BYTES;
     p->major = 9;
     p->multiProcessorCount = 4;
     return cudaSuccess;
 }
-cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) { *free_bytes = *total_bytes = (size_t)8 << 30; return cudaSuccess; }
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
+{
+    *free_bytes = *total_bytes = DEVICE_BYTES;
+    return cudaSuccess;
+}
 cudaError_t cudaGetLastError(void) { cudaError_t e = last_error; last_error = cudaSuccess; return e; }
 cudaError_t cudaPeekAtLastError(void) { return last_error; }
 const char *cudaGetErrorString(cudaError_t e)

@@ -141,6 +141,17 @@ static void free_weight(struct wpair *w)
     free(w->f32), free(w->bits);
 }
 
+/* A buffer larger than any device (1 TiB) is out of memory, and the ops after it (every test
+ * main runs next) do not fail for it: CUDA keeps a failed cudaMalloc as its last error, which
+ * an op's launch check would report as its own (left there, the first GEMM fails). On a GPU
+ * too, where the emulator's refusals of test_out_of_memory cannot be had. */
+static void test_alloc_too_large(void)
+{
+    void *p = (void *)&p;
+    CHECKF(G->alloc(gpu, (size_t)1 << 40, &p) == CLLM_ERR_NOMEM && p == NULL,
+           "1 TiB of device memory: not refused as out of memory");
+}
+
 static void test_embed_norm_silu(int32_t n, int32_t dim)
 {
     struct wpair emb, g;
@@ -1134,6 +1145,7 @@ int main(void)
 
     test_draws();
     test_draw_penalties();
+    test_alloc_too_large();
 #ifdef CLLM_SMALL_SHAPES
     /* The same paths through the backend at small shapes: under the CPU's CUDA emulator
      * (tests/emu, test_emu_backend), which runs them in a minute (the kernels' own checks at
