@@ -1,6 +1,7 @@
 /* The fault-injecting wrapper of fault.h. It shares the wrapped backend's ctx, so the wrapped
- * ops run unchanged; only the calls a lost device would fail on are replaced. Enabled by
- * CLLM_FAULT_FILE (backend.c): never on unless a test asks. */
+ * ops run unchanged; only the calls a lost device would fail on are replaced, and matmul (a
+ * device short of memory). Enabled by CLLM_FAULT_FILE (backend.c): never on unless a test
+ * asks. */
 #include "backend/fault.h"
 
 #include <stdlib.h>
