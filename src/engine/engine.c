@@ -79,6 +79,12 @@ struct cllm_engine {
     bool host_penalties; /* CLLM_HOST_PENALTIES=1: rows with penalties are drawn on the host */
     bool run_ahead; /* launch a step while the one before it runs */
     bool overlap;   /* deliver a step's text during the next step */
+    /* Smaller steps after the device ran short of memory (smaller_steps), and growing back
+     * (grow_steps_back): at step grow_at (0: at full size) steps double, after grow_wait
+     * steps at each size; grew: the last change made them larger. */
+    uint64_t grow_at;
+    int64_t grow_wait;
+    bool grew;
 
     pthread_t thread;
     pthread_mutex_t lock;
@@ -497,7 +503,7 @@ static struct cllm_request **requests_room(struct cllm_engine *e)
  * (including the failed plan's), those only a launched step still held (at their length
  * limit), waiting; each retained, with the tokens that launched steps drew and nobody saw
  * dropped. The launched steps are forgotten. Then the scheduler can be freed and a new one
- * given them back (requeue), each as if preempted: its known tokens kept, its cache
+ * given them back (swap_scheduler), each as if preempted: its known tokens kept, its cache
  * recomputed. Returns how many. */
 static int32_t take_requests(struct cllm_engine *e, struct cllm_request **keep)
 {
@@ -521,15 +527,24 @@ static int32_t take_requests(struct cllm_engine *e, struct cllm_request **keep)
     return n;
 }
 
-/* The taken requests queued on the engine's (new) scheduler, in order; keep freed. */
-static void requeue(struct cllm_engine *e, struct cllm_request **keep, int32_t n, const char *why)
+/* Every request the engine holds (take_requests, into keep from requests_room, which is
+ * freed) moved onto scheduler ns, which replaces the engine's: in order, each as if
+ * preempted. One that ns cannot take ends with `why`. Returns how many were moved. */
+static int32_t swap_scheduler(struct cllm_engine *e, struct cllm_scheduler *ns,
+                              struct cllm_request **keep, const char *why)
 {
+    struct cllm_scheduler *s = &e->sched;
+    const int32_t n = take_requests(e, keep);
+    ns->n_preemptions = s->n_preemptions + (uint64_t)s->n_running;
+    cllm_scheduler_free(s); /* every request's blocks go back, its n_computed to 0 */
+    *s = *ns;
     for (int32_t i = 0; i < n; i++) {
-        if (cllm_scheduler_add(&e->sched, keep[i]) != CLLM_OK)
+        if (cllm_scheduler_add(s, keep[i]) != CLLM_OK)
             end_request(e, keep[i], CLLM_FINISH_ERROR, why);
         cllm_request_release(keep[i]);
     }
     free(keep);
+    return n;
 }
 
 /* Under --device auto a GPU that failed (lost, or a step that fails on it) is not the end of
@@ -539,7 +554,6 @@ static void requeue(struct cllm_engine *e, struct cllm_request **keep, int32_t n
 static bool move_to_cpu(struct cllm_engine *e, enum cllm_status rc)
 {
     const struct cllm_engine_config *cfg = &e->cfg;
-    struct cllm_scheduler *s = &e->sched;
     struct cllm_backend *old_be = e->be;
     struct cllm_model *old_model = e->model;
     struct cllm_request **keep = requests_room(e);
@@ -573,9 +587,7 @@ static bool move_to_cpu(struct cllm_engine *e, enum cllm_status rc)
         free(keep);
         return false;
     }
-    const int32_t n = take_requests(e, keep);
-    ns.n_preemptions = s->n_preemptions + (uint64_t)s->n_running;
-    cllm_scheduler_free(s); /* every request's blocks go back, its n_computed to 0 */
+    const int32_t n = swap_scheduler(e, &ns, keep, "out of memory moving to the CPU");
     cllm_kv_cache_free(&e->kv, old_model);
     cllm_model_free(old_model);
     cllm_log(CLLM_LOG_ERROR,
@@ -587,9 +599,10 @@ static bool move_to_cpu(struct cllm_engine *e, enum cllm_status rc)
              cllm_status_str(rc));
     cllm_backend_free(old_be);
     e->kv = kv;
-    *s = ns;
-    requeue(e, keep, n, "out of memory moving to the CPU");
     set_step_modes(e);
+    e->grow_at = 0; /* a new device: steps as large as configured */
+    e->grew = false;
+    e->grow_wait = cfg->grow_back_steps;
     pthread_mutex_lock(&e->lock);
     e->backend_name = e->be->iface->name;
     e->stall_s = 0; /* the CPU that took over is not timed: there is nowhere else to go */
@@ -612,22 +625,54 @@ static bool smaller_steps(struct cllm_engine *e)
         return false;
     const int32_t tokens = s->max_batch_tokens / 2, seqs = s->max_seqs > 1 ? s->max_seqs / 2 : 1;
     struct cllm_request **keep = requests_room(e);
-    if (!keep || cllm_scheduler_init(&ns, s->pool.n_blocks, s->pool.block_size, tokens,
-                                     seqs < tokens ? seqs : tokens, s->prefix_cache)) {
+    /* as large as configured, for the steps to grow back to (grow_steps_back) */
+    if (!keep || cllm_scheduler_init(&ns, s->pool.n_blocks, s->pool.block_size, s->cap_tokens,
+                                     s->cap_seqs, s->prefix_cache)) {
         free(keep);
         return false;
     }
-    const int32_t n = take_requests(e, keep);
-    ns.n_preemptions = s->n_preemptions + (uint64_t)s->n_running;
-    cllm_scheduler_free(s);
-    *s = ns;
+    (void)cllm_scheduler_set_limits(&ns, tokens, seqs < tokens ? seqs : tokens); /* none runs */
+    const int32_t n = swap_scheduler(e, &ns, keep, "out of memory");
+    /* A size it had grown back to was short again: it waits twice as long before the next
+     * try, up to 16 times the configured wait, so a device that stays short costs a
+     * recomputation of what it holds at most every 16 x grow_back_steps steps. */
+    if (e->grew && e->grow_wait <= (int64_t)e->cfg.grow_back_steps * 8)
+        e->grow_wait *= 2;
+    e->grew = false;
+    e->grow_at = e->stats.steps + (uint64_t)e->grow_wait;
     cllm_log(
         CLLM_LOG_WARN,
         "engine: a step found no room on the %s device: the %d requests held go on (recomputed "
-        "from their tokens so far) in steps of at most %d tokens and %d sequences",
-        e->be->iface->name, (int)n, (int)s->max_batch_tokens, (int)s->max_seqs);
-    requeue(e, keep, n, "out of memory");
+        "from their tokens so far) in steps of at most %d tokens and %d sequences (twice that "
+        "again after %lld steps)",
+        e->be->iface->name, (int)n, (int)s->max_batch_tokens, (int)s->max_seqs,
+        (long long)e->grow_wait);
     return true;
+}
+
+/* Steps made smaller for want of device memory (smaller_steps) grow back: twice as large, up
+ * to the configured size, once grow_wait steps have gone through at the smaller size, for the
+ * memory that was short may have come back (another process's). Nothing is recomputed: the
+ * scheduler just plans larger steps from the next on. */
+static void grow_steps_back(struct cllm_engine *e)
+{
+    struct cllm_scheduler *s = &e->sched;
+    if (!e->grow_at || e->stats.steps < e->grow_at)
+        return;
+    int32_t tokens = 2 * s->max_batch_tokens, seqs = 2 * s->max_seqs;
+    if (tokens > s->cap_tokens)
+        tokens = s->cap_tokens;
+    if (seqs > s->cap_seqs)
+        seqs = s->cap_seqs;
+    if (seqs > tokens)
+        seqs = tokens;
+    if (cllm_scheduler_set_limits(s, tokens, seqs) != CLLM_OK)
+        return; /* cannot be: no larger than the caps, no fewer sequences than running */
+    e->grew = true;
+    const bool full = tokens == s->cap_tokens && seqs == s->cap_seqs;
+    e->grow_at = full ? 0 : e->stats.steps + (uint64_t)e->grow_wait;
+    cllm_log(CLLM_LOG_WARN, "engine: steps grow back to at most %d tokens and %d sequences%s",
+             (int)tokens, (int)seqs, full ? ", as configured" : "");
 }
 
 /* A launch or a wait failed. Under --device auto, after a device error on a GPU, the engine
@@ -860,6 +905,7 @@ static void finish_oldest(struct cllm_engine *e)
     e->stats.prompt_tokens += (uint64_t)n_prompt_tokens;
     e->stats.generated_tokens += (uint64_t)n_generated;
     pthread_mutex_unlock(&e->lock);
+    grow_steps_back(e);
 }
 
 /* One turn of the engine: launch the next step (while the last one runs, with run-ahead),
@@ -888,6 +934,8 @@ static void publish_stats(struct cllm_engine *e)
     e->stats.waiting = e->sched.n_waiting + e->n_incoming;
     e->stats.kv_blocks_used = cllm_block_pool_in_use(&e->sched.pool);
     e->stats.preemptions = e->sched.n_preemptions;
+    e->stats.step_tokens = e->sched.max_batch_tokens;
+    e->stats.step_seqs = e->sched.max_seqs;
     e->stats.prefix_queries = e->sched.pool.prefix_queries;
     e->stats.prefix_hits = e->sched.pool.prefix_hits;
     pthread_mutex_unlock(&e->lock);
@@ -1036,6 +1084,9 @@ enum cllm_status cllm_engine_new(struct cllm_engine **out, const struct cllm_mod
         cfg->max_queue = 4096;
     if (cfg->max_seqs > cfg->max_batch_tokens)
         cfg->max_seqs = cfg->max_batch_tokens;
+    if (cfg->grow_back_steps <= 0)
+        cfg->grow_back_steps = 256;
+    e->grow_wait = cfg->grow_back_steps;
     pthread_mutex_init(&e->lock, NULL);
     pthread_cond_init(&e->wake, NULL);
     enum cllm_status st;
@@ -1111,6 +1162,8 @@ enum cllm_status cllm_engine_new(struct cllm_engine **out, const struct cllm_mod
     e->stats.kv_blocks_total = (int32_t)n_blocks;
     e->stats.block_size = cfg->block_size;
     e->stats.n_ctx = e->n_ctx;
+    e->stats.step_tokens = cfg->max_batch_tokens;
+    e->stats.step_seqs = cfg->max_seqs;
     cllm_log(CLLM_LOG_INFO,
              "engine: %s backend, KV cache %d blocks x %d tokens (%.0f MiB, %d tokens), context "
              "%d, %d tokens/step, %d sequences, run-ahead %s",

@@ -44,6 +44,11 @@ struct cllm_engine_config {
                                  (whose steps are the host's own work, seconds each on a big
                                  batch); < 0 = never. Never once the engine moved from a GPU
                                  to the CPU (there is nowhere else to go). */
+    int32_t grow_back_steps;  /* after a step found no room on the device and the engine went
+                                 on in smaller steps: steps that go through before it tries
+                                 twice the size again, up to max_batch_tokens and max_seqs;
+                                 doubled by each try that finds no room either, up to 16
+                                 times. 0 = 256 */
 };
 
 void cllm_engine_config_default(struct cllm_engine_config *c);
@@ -57,6 +62,8 @@ struct cllm_engine_stats {
     uint64_t steps, prompt_tokens, generated_tokens, preemptions;
     uint64_t prefix_queries, prefix_hits; /* in blocks */
     uint64_t requests_finished;
+    int32_t step_tokens, step_seqs; /* the most tokens and sequences a step takes now: less
+                                       than configured while the device is short of memory */
     double turn_seconds; /* how long the engine's current turn has run (0: idle) */
     bool stalled;        /* turn_seconds is past the stall timeout (cllm_engine_stalled) */
 };

@@ -16,8 +16,8 @@ enum cllm_status cllm_scheduler_init(struct cllm_scheduler *s, int32_t n_blocks,
     enum cllm_status st = cllm_block_pool_init(&s->pool, n_blocks, block_size);
     if (st)
         return st;
-    s->max_batch_tokens = max_batch_tokens;
-    s->max_seqs = max_seqs;
+    s->max_batch_tokens = s->cap_tokens = max_batch_tokens;
+    s->max_seqs = s->cap_seqs = max_seqs;
     s->prefix_cache = prefix_cache;
     s->wait_cap = 64;
     s->running = cllm_calloc_array((size_t)max_seqs, sizeof *s->running);
@@ -27,6 +27,17 @@ enum cllm_status cllm_scheduler_init(struct cllm_scheduler *s, int32_t n_blocks,
         cllm_scheduler_free(s);
         return CLLM_ERR_NOMEM;
     }
+    return CLLM_OK;
+}
+
+enum cllm_status cllm_scheduler_set_limits(struct cllm_scheduler *s, int32_t max_batch_tokens,
+                                           int32_t max_seqs)
+{
+    if (max_batch_tokens < 1 || max_batch_tokens > s->cap_tokens || max_seqs < 1 ||
+        max_seqs > s->cap_seqs || max_seqs < s->n_running)
+        return CLLM_ERR_INVALID_ARG;
+    s->max_batch_tokens = max_batch_tokens;
+    s->max_seqs = max_seqs;
     return CLLM_OK;
 }
 

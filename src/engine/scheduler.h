@@ -36,6 +36,7 @@ struct cllm_scheduler {
     struct cllm_block_pool pool;
     int32_t max_batch_tokens; /* token budget per step */
     int32_t max_seqs;         /* running requests at most */
+    int32_t cap_tokens, cap_seqs; /* the limits given at init: the most they can be set to */
     bool prefix_cache;
     struct cllm_request **running; /* [max_seqs], in admission order */
     int32_t n_running;
@@ -50,6 +51,11 @@ enum cllm_status cllm_scheduler_init(struct cllm_scheduler *s, int32_t n_blocks,
                                      int32_t max_seqs, bool prefix_cache);
 /* Releases every request still held (their blocks go back to the pool). */
 void cllm_scheduler_free(struct cllm_scheduler *s);
+/* The limits of the steps planned from now on: each from 1 to the one given at init (which
+ * sized the scheduler's arrays), and max_seqs not below the requests running now.
+ * CLLM_ERR_INVALID_ARG, changing nothing, otherwise. */
+enum cllm_status cllm_scheduler_set_limits(struct cllm_scheduler *s, int32_t max_batch_tokens,
+                                           int32_t max_seqs);
 
 /* Queues a request (the scheduler takes a reference). */
 enum cllm_status cllm_scheduler_add(struct cllm_scheduler *s, struct cllm_request *r);

@@ -152,6 +152,12 @@ enum cllm_status cllm_metrics_render(struct cllm_metrics *m, const struct cllm_e
     put(&t, "cllm_prefix_cache_hits_total %llu\n", (unsigned long long)es->prefix_hits);
     head(&t, "cllm_preemptions_total", "counter", "Sequences preempted to free KV blocks.");
     put(&t, "cllm_preemptions_total %llu\n", (unsigned long long)es->preemptions);
+    head(&t, "cllm_step_tokens_limit", "gauge",
+         "Most tokens a step takes now: below --batch-tokens while the device is short of memory.");
+    put(&t, "cllm_step_tokens_limit %d\n", (int)es->step_tokens);
+    head(&t, "cllm_step_sequences_limit", "gauge",
+         "Most sequences a step takes now: below --max-seqs while the device is short of memory.");
+    put(&t, "cllm_step_sequences_limit %d\n", (int)es->step_seqs);
     head(&t, "cllm_engine_turn_seconds", "gauge",
          "Seconds the engine has been in its current step (0 while it waits for work).");
     put(&t, "cllm_engine_turn_seconds %.3f\n", es->turn_seconds);

@@ -384,8 +384,12 @@ static double wait_stalled(struct cllm_engine *e, bool want, char *why, size_t w
  * exists, a matmul over more than 16 tokens finds no room, CLLM_ERR_NOMEM): the engine goes on
  * in smaller steps (halving its budget of 256 tokens until they fit) and every answer of a
  * batch of four started under the fault is still the one alone, with and without run-ahead.
- * With no room for even one token (a limit of 0) the requests end with the error,
- * not a hang, and once there is room again the engine answers. */
+ * Without run-ahead the steps do not grow back before long (a wait of 2^30 steps): the batch
+ * leaves them at 16 tokens and one sequence (of 256 and 16). With run-ahead they try to every
+ * 2 steps (twice as long after each try that found no room, up to 32), and once the fault
+ * is gone they are as configured again after a few answers. With no room for even one token (a
+ * limit of 0) the requests end with the error, not a hang, and once there is room again the
+ * engine answers. */
 static void test_device_short_of_memory(const struct cllm_buf *alone)
 {
     char dir[] = "/tmp/cllm-nomem-XXXXXX", trigger[64];
@@ -394,7 +398,12 @@ static void test_device_short_of_memory(const struct cllm_buf *alone)
     setenv("CLLM_FAULT_NOMEM_TOKENS", "16", 1);
     for (int mode = 0; mode < 2; mode++) {
         const int ra = mode ? 1 : -1;
-        struct cllm_engine *e = engine_modes(0, 256, 512, 0, ra, ra);
+        struct cllm_engine_config c;
+        config_modes(&c, 0, 256, 512, 0, ra, ra);
+        c.grow_back_steps = mode ? 2 : 1 << 30;
+        char err[512];
+        struct cllm_engine *e = NULL;
+        CHECKF(cllm_engine_new(&e, mf, &c, err, sizeof err) == CLLM_OK, "%s", err);
         if (!e)
             break;
         struct cllm_request *reqs[4];
@@ -408,8 +417,26 @@ static void test_device_short_of_memory(const struct cllm_buf *alone)
         struct cllm_engine_stats st;
         wait_idle(e, &st);
         CHECK(st.kv_blocks_used == 0 && st.running == 0 && st.requests_finished == 4);
+        if (mode == 0)
+            CHECKF(st.step_tokens == 16 && st.step_seqs == 1,
+                   "after the shortage: steps of %d tokens and %d sequences", (int)st.step_tokens,
+                   (int)st.step_seqs);
         if (mode == 1) {
+            /* room again: the steps grow back as answers go on */
+            unlink(trigger);
+            int rounds = 0;
+            for (; rounds < 12 && (st.step_tokens < 256 || st.step_seqs < 16); rounds++) {
+                submit_first(e, 1, reqs);
+                expect_alone(reqs, outs, 1, alone, "growing back");
+                wait_idle(e, &st);
+            }
+            printf("short of memory: steps as configured again after %d answers (%llu steps)\n",
+                   rounds, (unsigned long long)st.steps);
+            CHECKF(st.step_tokens == 256 && st.step_seqs == 16,
+                   "room again: steps of %d tokens and %d sequences after %d answers",
+                   (int)st.step_tokens, (int)st.step_seqs, rounds);
             /* no room at all: the error, then answers again once there is room */
+            fclose(fopen(trigger, "w"));
             setenv("CLLM_FAULT_NOMEM_TOKENS", "0", 1);
             memset(outs, 0, sizeof outs);
             submit_first(e, 1, reqs);

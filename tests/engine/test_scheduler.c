@@ -201,6 +201,42 @@ static void test_remove_waiting_and_limits(void)
     CHECK(cllm_scheduler_init(&s, 0, 4, 10, 2, false) != CLLM_OK);
 }
 
+/* Limits lowered and raised between steps (the engine's smaller steps on a device short of
+ * memory, and its growing back): the plans keep to the limits of the moment, never past those
+ * given at init, and a limit below the requests running is refused. */
+static void test_set_limits(void)
+{
+    struct cllm_scheduler s;
+    CHECK(cllm_scheduler_init(&s, 64, 4, 16, 4, false) == CLLM_OK);
+    int32_t p[12];
+    for (int i = 0; i < 12; i++)
+        p[i] = i + 1;
+    struct cllm_request *r[4];
+    for (int i = 0; i < 4; i++) {
+        r[i] = make((uint64_t)i, p, 12, 4);
+        cllm_scheduler_add(&s, r[i]);
+    }
+    CHECK(cllm_scheduler_set_limits(&s, 4, 1) == CLLM_OK);
+    cllm_scheduler_schedule(&s);
+    CHECK(sched_plan_ok(&s) && s.n_running == 1 && s.plan.n_tokens == 4);
+    cllm_scheduler_update(&s);
+    CHECK(cllm_scheduler_set_limits(&s, 17, 4) == CLLM_ERR_INVALID_ARG); /* past init's */
+    CHECK(cllm_scheduler_set_limits(&s, 16, 5) == CLLM_ERR_INVALID_ARG);
+    CHECK(cllm_scheduler_set_limits(&s, 0, 4) == CLLM_ERR_INVALID_ARG);
+    CHECK(s.max_batch_tokens == 4 && s.max_seqs == 1); /* unchanged */
+    CHECK(cllm_scheduler_set_limits(&s, 16, 4) == CLLM_OK);
+    cllm_scheduler_schedule(&s); /* the first one's 8 left, then 8 of the second's */
+    CHECK(sched_plan_ok(&s) && s.n_running == 2 && s.plan.n_tokens == 16);
+    cllm_scheduler_update(&s);
+    CHECK(cllm_scheduler_set_limits(&s, 16, 1) == CLLM_ERR_INVALID_ARG); /* 2 running */
+    CHECK(cllm_scheduler_set_limits(&s, 16, 2) == CLLM_OK);
+    cllm_scheduler_schedule(&s);
+    CHECK(sched_plan_ok(&s) && s.n_running == 2 && s.n_waiting == 2);
+    for (int i = 0; i < 4; i++)
+        cllm_request_release(r[i]);
+    cllm_scheduler_free(&s);
+}
+
 int main(void)
 {
     test_chunked_prefill();
@@ -208,5 +244,6 @@ int main(void)
     test_pressure(false);
     test_pressure(true);
     test_remove_waiting_and_limits();
+    test_set_limits();
     return test_summary();
 }

@@ -4,17 +4,19 @@
  * tests/engine/sched_fake.h (the next token depends only on the sequence so far). An input
  * is a configuration -- KV blocks, block size, token budget, sequence limit, prefix cache on
  * or off -- then operations: add a request (prompt over a 6-token alphabet, so prefixes are
- * shared; at most what the pool can hold, as the engine guarantees), cancel one, run a step.
- * Properties: every plan keeps the rules (sched_plan_ok); while requests remain, a step makes
- * progress; every request that was not cancelled generates exactly what it generates alone
- * (preemption, recomputation and prefix hits change nothing), a cancelled one a prefix of
- * it; at the end every block is back in the pool.
+ * shared; at most what the pool can hold, as the engine guarantees), cancel one, run a step,
+ * set the limits (as the engine's smaller steps and growing back do: refused past init's or
+ * below the requests running). Properties: every plan keeps the rules and the limits of the
+ * moment (sched_plan_ok); while requests remain, a step makes progress; every request that was not
+ * cancelled generates exactly what it generates alone (preemption, recomputation and prefix hits
+ * change nothing), a cancelled one a prefix of it; at the end every block is back in the pool.
  */
 #include "fuzz.h"
 
 #include <stdbool.h>
 #include <string.h>
 
+#include "core/status.h"
 #include "engine/sched_fake.h"
 #include "engine/scheduler.h"
 
@@ -91,7 +93,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int n = 0, live = 0;
     size_t at = 5;
     while (at < size) {
-        const uint8_t op = data[at++] % 4;
+        const uint8_t op = data[at++] % 5;
         if (op <= 1 && n < MAX_REQS) { /* add */
             const int32_t np = 1 + (at < size ? data[at++] : 0) % MAX_PROMPT;
             const int32_t gen = 1 + (at < size ? data[at++] : 0) % MAX_GEN;
@@ -121,6 +123,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             }
         } else if (op == 3) {
             live -= step(&s, t, n);
+        } else if (op == 4) {
+            const int32_t tokens = 1 + (at < size ? data[at++] : 0) % (budget + 1),
+                          seqs = 1 + (at < size ? data[at++] : 0) % (max_seqs + 1);
+            const int32_t was_tokens = s.max_batch_tokens, was_seqs = s.max_seqs;
+            const bool fits = tokens <= budget && seqs <= max_seqs && seqs >= s.n_running;
+            const enum cllm_status st = cllm_scheduler_set_limits(&s, tokens, seqs);
+            FUZZ_ASSERT(fits ? st == CLLM_OK && s.max_batch_tokens == tokens && s.max_seqs == seqs
+                             : st == CLLM_ERR_INVALID_ARG && s.max_batch_tokens == was_tokens &&
+                                   s.max_seqs == was_seqs,
+                        "limits %d tokens, %d sequences (of %d, %d; %d running): %s", (int)tokens,
+                        (int)seqs, (int)budget, (int)max_seqs, (int)s.n_running,
+                        cllm_status_str(st));
         }
     }
     for (int steps = 0; live > 0; steps++) {

@@ -159,7 +159,9 @@ static void test_metrics(void)
                                    .prefix_hits = 4,
                                    .preemptions = 1,
                                    .prompt_tokens = 40,
-                                   .generated_tokens = 17};
+                                   .generated_tokens = 17,
+                                   .step_tokens = 128,
+                                   .step_seqs = 64};
     b.len = 0;
     CHECK(cllm_metrics_render(&m, &es, &b) == CLLM_OK && well_formed(b.data));
     const char *want[] = {
@@ -180,6 +182,8 @@ static void test_metrics(void)
         "cllm_prefix_cache_queries_total 9\n",
         "cllm_prefix_cache_hits_total 4\n",
         "cllm_preemptions_total 1\n",
+        "cllm_step_tokens_limit 128\n",
+        "cllm_step_sequences_limit 64\n",
         "# TYPE cllm_time_to_first_token_seconds histogram\n",
         "# TYPE cllm_requests_total counter\n",
     };

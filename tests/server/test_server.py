@@ -379,13 +379,16 @@ def test_metrics(port, before):
              "cllm_inter_token_latency_seconds": "histogram",
              "cllm_request_duration_seconds": "histogram", "cllm_kv_cache_usage_ratio": "gauge",
              "cllm_prefix_cache_queries_total": "counter", "cllm_prefix_cache_hits_total": "counter",
-             "cllm_preemptions_total": "counter"}
+             "cllm_preemptions_total": "counter", "cllm_step_tokens_limit": "gauge",
+             "cllm_step_sequences_limit": "gauge"}
     for n, t in names.items():
         check(n in helps and types.get(n) == t, f"HELP/TYPE for {n}: {types.get(n)}")
     get = lambda n, **l: samples.get((n, frozenset(l.items())), 0.0)
     check(get("cllm_requests_total", route="/predict", status="200") > before["predict200"],
           "requests_total{/predict,200} moved")
     check(get("cllm_generation_tokens_total") > before["gen"], "generation tokens moved")
+    check(get("cllm_step_tokens_limit") >= 1 and get("cllm_step_sequences_limit") >= 1,
+          "step limits reported")
     check(get("cllm_prompt_tokens_total") > before["prompt"], "prompt tokens moved")
     check(get("cllm_time_to_first_token_seconds_count") > 0
           and get("cllm_time_to_first_token_seconds_bucket", le="+Inf")
