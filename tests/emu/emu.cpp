@@ -1,7 +1,9 @@
 /* The emulator's runtime: green threads, barriers, a fake device. */
 #include "emu.h"
+#include "emu_hooks.h"
 #include <ucontext.h>
 #include <sys/mman.h>
+#include <atomic>
 #include <vector>
 #include <map>
 #include <algorithm>
@@ -599,20 +601,33 @@ static cudaError_t emu_alloc(void **p, size_t n)
 /* The emulated device's memory (cudaMemGetInfo, cudaGetDeviceProperties): an allocation
  * larger than all of it fails, as on a GPU, rather than reaching malloc. */
 static const size_t DEVICE_BYTES = (size_t)8 << 30;
-/* EMU_REFUSE_DEVICE_BYTES=N: every device allocation of N bytes or more fails as a full device
- * would fail it (the out-of-memory paths under test; emu_refused_allocations counts them).
- * As CUDA, a failed cudaMalloc is also the error cudaGetLastError returns next. */
-static long refused_allocations;
-extern "C" long emu_refused_allocations(void)
+/* emu_refuse_device_bytes(N): from then on every device allocation of N bytes or more fails
+ * as a full device would fail it (0: none; the out-of-memory paths under test), and
+ * emu_refused_allocations counts the refusals. A function, not the environment, so that a
+ * test can change it while an engine's thread allocates. As CUDA, a failed cudaMalloc is also
+ * the error cudaGetLastError returns next. */
+static std::atomic<size_t> refuse_from{0};
+static std::atomic<long> refused_allocations{0};
+void emu_refuse_device_bytes(size_t n)
 {
-    return refused_allocations;
+    refuse_from.store(n);
+}
+long emu_refused_allocations(void)
+{
+    return refused_allocations.load();
+}
+/* True (and counted) if n bytes of device memory find no room. */
+static bool refused(size_t n)
+{
+    const size_t refuse = refuse_from.load();
+    if (n <= DEVICE_BYTES && !(refuse && n >= refuse))
+        return false;
+    refused_allocations++;
+    return true;
 }
 cudaError_t cudaMalloc(void **p, size_t n)
 {
-    const char *refuse = getenv("EMU_REFUSE_DEVICE_BYTES");
-    cudaError_t e = n > DEVICE_BYTES || (refuse && *refuse && n >= strtoull(refuse, NULL, 10))
-                        ? (*p = NULL, refused_allocations++, cudaErrorMemoryAllocation)
-                        : emu_alloc(p, n);
+    cudaError_t e = refused(n) ? (*p = NULL, cudaErrorMemoryAllocation) : emu_alloc(p, n);
     if (e != cudaSuccess)
         last_error = e;
     return e;
@@ -739,7 +754,17 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g)
     s->capture = NULL;
     return cudaSuccess;
 }
-cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long) { *e = new CUgraphExec_st{g->ops}; return cudaSuccess; }
+/* An executable graph keeps its kernels' parameters in device memory: here 1 KiB a node,
+ * refused as an allocation of that size would be (emu_refuse_device_bytes). */
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long)
+{
+    if (refused(g->ops.size() << 10)) {
+        *e = NULL;
+        return last_error = cudaErrorMemoryAllocation;
+    }
+    *e = new CUgraphExec_st{g->ops};
+    return cudaSuccess;
+}
 cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s)
 {
     if (s && s->capture)

@@ -13,6 +13,8 @@
  *   - penalties on the device (the token of the step in flight counted too) give the host
  *     sampler's greedy answers, with run-ahead and without; the host's draws of a step on
  *     the engine's threads (CLLM_HOST_PENALTIES=1) give the same, alone and batched;
+ *   - a device short of memory: steps whose draws find no room go on in smaller steps, and
+ *     the answers are those given alone; steps whose graphs find none run op by op;
  *   - the engine's device check: a device whose BLAS is wrong is not served from.
  *
  * CLLM_TEST_MICRO names the micro model's folder (scripts/test makes it).
@@ -27,6 +29,7 @@
 #include "core/status.h"
 #include "engine/engine.h"
 #include "model/model.h"
+#include "emu_hooks.h"
 #include "test.h"
 
 #define N_P 4
@@ -322,6 +325,72 @@ static void test_penalties(void)
     free_answers(unpenalized, N_P);
 }
 
+/* A device short of memory for a step: here the emulator refuses the draw's buffers for two
+ * rows or more (they grow with a step's sampled rows, as on a GPU), so every step of more
+ * than one sequence fails as out of memory. The engine goes on in smaller steps (engine.c:
+ * smaller_steps) down to one sequence, and every answer, greedy and seeded, is the one given
+ * alone; then, with room again, the next batch too. Then short of memory for the recorded
+ * steps' graphs only: the same answers, in steps as large as configured. */
+static void test_short_of_memory(void)
+{
+    int all[N_P] = {0, 1, 2, 3};
+    struct cllm_request_params p[N_P];
+    struct answer alone[N_P], batched[N_P];
+    for (int i = 0; i < N_P; i++)
+        params(&p[i], i % 2 ? 0.8f : 0.0f, 200 + (uint64_t)i);
+    struct cllm_engine *e = engine(0, 1 << 20);
+    if (!e)
+        return;
+    for (int i = 0; i < N_P; i++)
+        run(e, &all[i], 1, &p[i], &alone[i]);
+    cllm_engine_free(e);
+    if (!(e = engine(0, 1 << 20)))
+        return;
+    const long refused = emu_refused_allocations();
+    emu_refuse_device_bytes(2 * sizeof(struct cllm_sample_row));
+    run(e, all, N_P, p, batched);
+    emu_refuse_device_bytes(0);
+    const long n_refused = emu_refused_allocations() - refused;
+    printf("short of memory: %ld allocations refused\n", n_refused);
+    CHECKF(n_refused > 0, "no draw asked for more room");
+    for (int i = 0; i < N_P; i++) {
+        CHECKF(batched[i].n > 0 && same(&batched[i], &alone[i]),
+               "prompt %d: short of memory, %d tokens (reason %d), alone %d", i, (int)batched[i].n,
+               (int)batched[i].reason, (int)alone[i].n);
+        cllm_buf_free(&batched[i].text);
+    }
+    run(e, all, N_P, p, batched);
+    for (int i = 0; i < N_P; i++)
+        CHECKF(same(&batched[i], &alone[i]), "prompt %d: with room again, another answer", i);
+    free_answers(batched, N_P);
+    cllm_engine_free(e);
+
+    /* No room for the recorded steps' graphs (4 KiB: the emulator counts 1 KiB a node), room
+     * for everything else a step needs: the model runs its steps op by op, and the engine
+     * never sees a shortage (a CUDA error left behind by the failed instantiation made the
+     * first unrecorded step fail, and the engine halve its steps). */
+    setenv("CLLM_MUSA_GRAPHS", "1", 1); /* the MUSA build records steps only when asked */
+    e = engine(0, 1 << 20);
+    unsetenv("CLLM_MUSA_GRAPHS");
+    if (!e)
+        return;
+    const long before = emu_refused_allocations();
+    emu_refuse_device_bytes(4096);
+    run(e, all, N_P, p, batched);
+    emu_refuse_device_bytes(0);
+    struct cllm_engine_stats st;
+    cllm_engine_stats(e, &st);
+    CHECKF(emu_refused_allocations() > before, "no graph was refused");
+    CHECKF(st.step_tokens == 64 && st.step_seqs == 8,
+           "graphs refused: steps of %d tokens and %d sequences (of 64 and 8)", (int)st.step_tokens,
+           (int)st.step_seqs);
+    for (int i = 0; i < N_P; i++)
+        CHECKF(same(&batched[i], &alone[i]), "prompt %d: graphs refused, another answer", i);
+    free_answers(batched, N_P);
+    free_answers(alone, N_P);
+    cllm_engine_free(e);
+}
+
 /* --- the device check (engine/device_check.h) --- */
 
 static struct cllm_engine *checked_engine(enum cllm_backend_kind kind, bool no_check,
@@ -386,6 +455,7 @@ int main(void)
     test_logits();
     test_engine();
     test_penalties();
+    test_short_of_memory();
     test_device_check();
     cllm_model_files_free(mf);
     return test_summary();

@@ -22,6 +22,9 @@
 #include "core/status.h"
 #include "sampling/sampling.h"
 #include "test.h"
+#ifdef CLLM_EMULATED
+#include "emu/emu_hooks.h"
+#endif
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static float frand(void) /* uniform in [-1, 1), rounded to BF16 */
@@ -79,12 +82,18 @@ static void *dev_poisoned(size_t bytes)
     return p;
 }
 
-static float *download_f32(const void *p, int64_t n)
+/* n floats at device address p of backend be, once the work queued before has run. */
+static float *download_f32_on(struct cllm_backend *be, const void *p, int64_t n)
 {
     float *h = malloc((size_t)n * sizeof *h);
-    CHECK(G->download(gpu, h, p, (size_t)n * sizeof *h) == CLLM_OK);
-    CHECK(G->sync(gpu) == CLLM_OK);
+    CHECK(be->iface->download(be, h, p, (size_t)n * sizeof *h) == CLLM_OK);
+    CHECK(be->iface->sync(be) == CLLM_OK);
     return h;
+}
+
+static float *download_f32(const void *p, int64_t n)
+{
+    return download_f32_on(gpu, p, n);
 }
 
 static float *download_bf16(const void *p, int64_t n)
@@ -869,29 +878,23 @@ static void fill_i32(int32_t *p, int32_t n, int32_t v)
 }
 
 #ifdef CLLM_EMULATED
-long emu_refused_allocations(void); /* tests/emu/emu.cpp */
-
 /* y = W x over n tokens on backend `be` (the weight be's), downloaded. */
 static float *matmul_on(struct cllm_backend *be, const struct cllm_weight *w, const void *x_d,
                         int32_t n, void *y_d, int32_t N)
 {
-    struct cllm_backend *saved = gpu;
-    gpu = be; /* download_f32 reads from it */
-    float *y = NULL;
     CHECKF(be->iface->matmul(be, w, NULL, x_d, n, y_d, N) == CLLM_OK, "a %d-token GEMM failed",
            (int)n);
-    y = download_f32(y_d, (int64_t)n * N);
-    gpu = saved;
-    return y;
+    return download_f32_on(be, y_d, (int64_t)n * N);
 }
 
 /* Out of device memory, where only the emulator can make it happen on demand: it refuses every
- * allocation from EMU_REFUSE_DEVICE_BYTES bytes on, as a full device would. A GEMM without room
- * for its scratch computes the same bits in fewer blocks, eagerly and recorded (decode steps
- * split over blocks under CLLM_GEMM_SPLIT=2|4, prefill steps' parallel slices); an allocation
- * or a draw that finds no room fails as out of memory, queuing nothing; and nothing after it
- * fails for it (CUDA keeps a failed cudaMalloc as its last error, which the next op's launch
- * check would report as its own). */
+ * allocation from a given size on (emu_refuse_device_bytes), as a full device would. A GEMM
+ * without room for its scratch computes the same bits in fewer blocks, eagerly and recorded (decode
+ * steps split over blocks under CLLM_GEMM_SPLIT=2|4, prefill steps' parallel slices); an allocation
+ * or a draw that finds no room fails as out of memory, queuing nothing, and so does a
+ * recording whose graph finds none; and nothing after them fails for it (CUDA keeps a failed
+ * call's error as its last error, which the next op's launch check would report as its
+ * own). */
 static void test_out_of_memory(const struct cllm_backend_options *og)
 {
     enum { n = 40, K = 1024, N = 384, V = 300, R = 3 }; /* the shape of test_graph_short_scratch */
@@ -921,7 +924,7 @@ static void test_out_of_memory(const struct cllm_backend_options *og)
     CHECK(F->upload(fresh, xf, xb, (size_t)n * K * 2) == CLLM_OK);
 
     /* no room for any scratch (it is at least CLLM_CUDA_GEMM_COUNT_BYTES) */
-    setenv("EMU_REFUSE_DEVICE_BYTES", "16384", 1);
+    emu_refuse_device_bytes(16384);
     const long refused = emu_refused_allocations();
     float *got = matmul_on(fresh, &wf, xf, n, yf, N);
     CHECKF(emu_refused_allocations() > refused, "the GEMM asked for no scratch");
@@ -939,10 +942,7 @@ static void test_out_of_memory(const struct cllm_backend_options *og)
         if (!replayed)
             CHECK(F->matmul(fresh, &wf, NULL, xf, n, yf, N) == CLLM_OK &&
                   F->graph_end(fresh, 98) == CLLM_OK);
-        struct cllm_backend *saved = gpu;
-        gpu = fresh;
-        got = download_f32(yf, n * N);
-        gpu = saved;
+        got = download_f32_on(fresh, yf, n * N);
         CHECKF(memcmp(got, want, n * N * 4) == 0, "round %d without the scratch: other bits",
                round);
         free(got);
@@ -957,21 +957,40 @@ static void test_out_of_memory(const struct cllm_backend_options *og)
     free(got);
     float *logits = randv(R * V, 1.0f);
     float *l_d = NULL;
-    unsetenv("EMU_REFUSE_DEVICE_BYTES");
+    emu_refuse_device_bytes(0);
     CHECK(F->alloc(fresh, R * V * 4, (void **)&l_d) == CLLM_OK);
     CHECK(F->upload(fresh, l_d, logits, R * V * 4) == CLLM_OK);
     struct cllm_sample_row rows[R];
     memset(rows, 0, sizeof rows);
     int32_t tok[R];
     fill_i32(tok, R, -7);
-    setenv("EMU_REFUSE_DEVICE_BYTES", "1", 1);
+    emu_refuse_device_bytes(1);
     CHECK(F->sample(fresh, l_d, R, V, rows, NULL, tok) == CLLM_ERR_NOMEM);
     CHECK(F->wait_draw(fresh) == CLLM_ERR_INVALID_ARG); /* nothing queued */
     CHECK(tok[0] == -7);
     got = matmul_on(fresh, &wf, xf, n, yf, N);
     CHECKF(memcmp(got, want, n * N * 4) == 0, "the GEMM after a refused draw: other bits");
     free(got);
-    unsetenv("EMU_REFUSE_DEVICE_BYTES");
+    /* a step recorded with no room to instantiate its graph (the emulator counts 1 KiB a
+     * node): out of memory, nothing of it kept; the op after it runs (the model runs such a
+     * step op by op), and with room again the same key records anew */
+    emu_refuse_device_bytes(1024);
+    bool replayed = true;
+    CHECK(F->graph_begin(fresh, 97, &replayed) == CLLM_OK && !replayed);
+    CHECK(F->matmul(fresh, &wf, NULL, xf, n, yf, N) == CLLM_OK);
+    CHECK(F->graph_end(fresh, 97) == CLLM_ERR_NOMEM);
+    got = matmul_on(fresh, &wf, xf, n, yf, N);
+    CHECKF(memcmp(got, want, n * N * 4) == 0, "the GEMM after a refused graph: other bits");
+    free(got);
+    emu_refuse_device_bytes(0);
+    replayed = true;
+    CHECK(F->memzero(fresh, yf, n * N * 4) == CLLM_OK);
+    CHECK(F->graph_begin(fresh, 97, &replayed) == CLLM_OK && !replayed);
+    CHECK(F->matmul(fresh, &wf, NULL, xf, n, yf, N) == CLLM_OK &&
+          F->graph_end(fresh, 97) == CLLM_OK);
+    got = download_f32_on(fresh, yf, n * N);
+    CHECKF(memcmp(got, want, n * N * 4) == 0, "recorded once there is room: other bits");
+    free(got);
     /* room again: the draw goes through */
     CHECK(F->sample(fresh, l_d, R, V, rows, NULL, tok) == CLLM_OK);
     CHECK(F->wait_draw(fresh) == CLLM_OK);

@@ -110,11 +110,16 @@ static struct cuda *cuda_of(struct cllm_backend *be)
     return (struct cuda *)be->ctx;
 }
 
-/* Turns a CUDA result into a status, logging what failed. */
+/* Turns a CUDA result into a status, logging what failed. The runtime also keeps a failed
+ * call's error as its last error, which the next op's launch check (cudaGetLastError) would
+ * report as that op's own failure (a graph that found no room to be instantiated failed the
+ * op-by-op step run instead): once reported here it is taken back. An error that sticks (an
+ * illegal address) is not lost by this: every later call returns it. */
 static enum cllm_status check_cuda(cudaError_t e, const char *what)
 {
     if (e == cudaSuccess)
         return CLLM_OK;
+    (void)cudaGetLastError();
     cllm_log(CLLM_LOG_ERROR, "cuda: %s failed: %s", what, cudaGetErrorString(e));
     return e == cudaErrorMemoryAllocation ? CLLM_ERR_NOMEM : CLLM_ERR_DEVICE;
 }
