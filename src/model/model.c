@@ -42,6 +42,10 @@ struct layer {
 static const int32_t graph_buckets[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256};
 #define N_GRAPH_BUCKETS (int32_t)(sizeof graph_buckets / sizeof graph_buckets[0])
 #define GRAPH_MIN_LEN 256 /* attention length classes: powers of two from here */
+/* After a recording found no room on the device (its graph could not be instantiated), this
+ * many steps run op by op before one is recorded again (CLLM_UNRECORDED_STEPS, for tests);
+ * each such failure doubles it, up to 16 times. */
+#define UNRECORDED_STEPS 256
 
 struct cllm_model {
     struct cllm_hparams hp;
@@ -77,7 +81,10 @@ struct cllm_model {
     size_t step_host_cap;
     int32_t *pad_i32;
     size_t pad_i32_cap;
-    bool graphs_off; /* CLLM_NO_GRAPHS, or a recording failed */
+    bool graphs_off; /* CLLM_NO_GRAPHS, or a recording failed for want of anything but memory */
+    /* a recording that found no room: steps still to run op by op, how many the next such
+     * failure gives, and the first such wait (UNRECORDED_STEPS) */
+    int64_t unrecorded_left, unrecorded_wait, unrecorded_first;
     bool norms_apart; /* CLLM_NORMS_APART: never a norm in a projection (struct cllm_norm_in) */
 };
 
@@ -229,6 +236,9 @@ enum cllm_status cllm_model_init(struct cllm_model **out, const struct cllm_mode
     m->max_outputs = max_outputs;
     const char *no_graphs = getenv("CLLM_NO_GRAPHS");
     m->graphs_off = !be->iface->graph_begin || (no_graphs && no_graphs[0] && no_graphs[0] != '0');
+    const char *unrecorded = getenv("CLLM_UNRECORDED_STEPS");
+    m->unrecorded_first = unrecorded && atoi(unrecorded) > 0 ? atoi(unrecorded) : UNRECORDED_STEPS;
+    m->unrecorded_wait = m->unrecorded_first;
     /* for comparisons (tests, benchmarks): every norm its own op */
     const char *apart = getenv("CLLM_NORMS_APART");
     m->norms_apart = apart && apart[0] && apart[0] != '0';
@@ -469,7 +479,8 @@ static bool outputs_every_row(const struct cllm_step *s)
  * order) is padded to, or 0: such steps are recorded once per shape and then replayed. */
 static int32_t graph_bucket(const struct cllm_model *m, const struct cllm_step *s)
 {
-    if (m->graphs_off || s->n_seqs != s->n_tokens || !outputs_every_row(s))
+    if (m->graphs_off || m->unrecorded_left > 0 || s->n_seqs != s->n_tokens ||
+        !outputs_every_row(s))
         return 0;
     for (int32_t t = 0; t < s->n_tokens; t++)
         if (s->seq[t] != t)
@@ -737,6 +748,8 @@ static enum cllm_status run_step(struct cllm_model *m, struct cllm_kv_cache *kv,
 {
     enum cllm_status st;
     int32_t bucket = graph_bucket(m, step);
+    if (m->unrecorded_left > 0)
+        m->unrecorded_left--;
     struct cllm_step padded, s;
     if (bucket && (st = pad_step(m, step, bucket, &padded)))
         return st;
@@ -774,10 +787,25 @@ static enum cllm_status run_step(struct cllm_model *m, struct cllm_kv_cache *kv,
     enum cllm_status end = be->graph_end(m->be, key);
     if (st == CLLM_OK && end == CLLM_OK)
         return CLLM_OK;
-    /* Nothing recorded has run: give up on recordings and run this step op by op. */
-    cllm_log(CLLM_LOG_WARN, "model: recording a %d-row step failed (%s); running steps unrecorded",
-             (int)bucket, cllm_status_str(st ? st : end));
-    m->graphs_off = true;
+    /* Nothing recorded has run: this step runs op by op. A graph that found no room on the
+     * device (the KV cache took it, or another process) may find it later: the steps after
+     * it run op by op for a while, then recording is tried again. Anything else gives up on
+     * recordings. */
+    const enum cllm_status why = st ? st : end;
+    if (why == CLLM_ERR_NOMEM) {
+        m->unrecorded_left = m->unrecorded_wait;
+        cllm_log(CLLM_LOG_WARN,
+                 "model: no room on the device to record a %d-row step: it and the next %lld "
+                 "steps run op by op, then recording is tried again",
+                 (int)bucket, (long long)m->unrecorded_left);
+        if (m->unrecorded_wait < 16 * m->unrecorded_first)
+            m->unrecorded_wait *= 2;
+    } else {
+        cllm_log(CLLM_LOG_WARN,
+                 "model: recording a %d-row step failed (%s); running steps unrecorded",
+                 (int)bucket, cllm_status_str(why));
+        m->graphs_off = true;
+    }
     return issue_ops(m, kv, &s, &ab, every_row);
 }
 

@@ -607,7 +607,7 @@ static const size_t DEVICE_BYTES = (size_t)8 << 30;
  * test can change it while an engine's thread allocates. As CUDA, a failed cudaMalloc is also
  * the error cudaGetLastError returns next. */
 static std::atomic<size_t> refuse_from{0};
-static std::atomic<long> refused_allocations{0};
+static std::atomic<long> refused_allocations{0}, refused_graphs{0};
 void emu_refuse_device_bytes(size_t n)
 {
     refuse_from.store(n);
@@ -615,6 +615,10 @@ void emu_refuse_device_bytes(size_t n)
 long emu_refused_allocations(void)
 {
     return refused_allocations.load();
+}
+long emu_refused_graphs(void)
+{
+    return refused_graphs.load();
 }
 /* True (and counted) if n bytes of device memory find no room. */
 static bool refused(size_t n)
@@ -759,6 +763,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g)
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long)
 {
     if (refused(g->ops.size() << 10)) {
+        refused_graphs++;
         *e = NULL;
         return last_error = cudaErrorMemoryAllocation;
     }

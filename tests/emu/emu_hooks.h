@@ -14,8 +14,9 @@ extern "C" {
  * nodes need n bytes or more (the emulator counts 1 KiB a node). Safe to call while other
  * threads allocate. */
 void emu_refuse_device_bytes(size_t n);
-/* How many device allocations have been refused so far. */
+/* How many device allocations have been refused so far, and how many of them were graphs. */
 long emu_refused_allocations(void);
+long emu_refused_graphs(void);
 
 #ifdef __cplusplus
 }
