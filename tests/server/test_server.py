@@ -863,6 +863,39 @@ def test_lost_gpu_moves_to_cpu():
         stop_fault_server(srv, trigger, "the server that moved to the CPU")
 
 
+def test_device_short_of_memory():
+    """A device with no room for steps of more than 2 tokens (CLLM_FAULT_NOMEM_TOKENS while the
+    fault file exists; on any device): a greedy /predict list is answered, 200, with the text
+    it had before the fault, the health check stays ok, and /metrics shows the smaller steps
+    the engine went on in (engine.c, smaller_steps: 2 tokens and 1 sequence)."""
+    trigger = os.path.join(tempfile.mkdtemp(prefix="cllm-nomem-"), "nomem")
+    srv = Server("--max-seqs", "4",
+                 env={"CLLM_FAULT_FILE": trigger, "CLLM_FAULT_NOMEM_TOKENS": "2"})
+    try:
+        if not check(srv.wait_ready(), "server with a fault file (out of memory) ready"):
+            return
+        port = srv.port
+        body = {"prompt": ["hi", "1, 2, 3,"], "max_tokens": 6, "temperature": 0}
+        st, _, before = post(port, "/predict", body)
+        check(st == 200 and isinstance(before, dict) and len(before.get("response", [])) == 2,
+              f"answered before the fault: {st} {before}")
+        tokens = metric(port, "cllm_step_tokens_limit")
+        seqs = metric(port, "cllm_step_sequences_limit")
+        check(tokens > 2 and seqs == 4, f"steps as configured: {tokens} tokens, {seqs} sequences")
+        open(trigger, "w").close()
+        st, _, during = post(port, "/predict", body)
+        check(st == 200 and isinstance(during, dict)
+              and during.get("response") == before.get("response"),
+              f"short of memory: the same answers: {st} {during} (before: {before})")
+        st, _, h = request(port, "GET", "/health")
+        check(st == 200 and json.loads(h).get("status") == "ok", f"health stays ok: {st} {h}")
+        tokens = metric(port, "cllm_step_tokens_limit")
+        seqs = metric(port, "cllm_step_sequences_limit")
+        check(tokens == 2 and seqs == 1, f"smaller steps: {tokens} tokens, {seqs} sequences")
+    finally:
+        stop_fault_server(srv, trigger, "the server short of memory")
+
+
 def in_thread(results, key, fn, *args, **kw):
     """Runs fn(*args, **kw) on a thread; results[key] gets (its value, seconds it took)."""
     def run():
@@ -1596,6 +1629,7 @@ def main():
     test_auth_and_queue()
     test_lost_device()
     test_lost_gpu_moves_to_cpu()
+    test_device_short_of_memory()
     test_gpu_probe()
     test_stalled_device()
     test_stall_timeout()
