@@ -27,6 +27,7 @@
 
 #include "backend/cpu/threadpool.h"
 #include "core/alloc.h"
+#include "core/backoff.h"
 #include "core/log.h"
 #include "core/limits.h"
 #include "core/status.h"
@@ -80,11 +81,10 @@ struct cllm_engine {
     bool run_ahead; /* launch a step while the one before it runs */
     bool overlap;   /* deliver a step's text during the next step */
     /* Smaller steps after the device ran short of memory (smaller_steps), and growing back
-     * (grow_steps_back): at step grow_at (0: at full size) steps double, after grow_wait
-     * steps at each size; grew: the last change made them larger. */
+     * (grow_steps_back): at step grow_at (0: at full size) steps double, after grow.wait
+     * steps at each size; a size grown back to that is short again doubles the wait. */
     uint64_t grow_at;
-    int64_t grow_wait;
-    bool grew;
+    struct cllm_backoff grow;
 
     pthread_t thread;
     pthread_mutex_t lock;
@@ -601,8 +601,7 @@ static bool move_to_cpu(struct cllm_engine *e, enum cllm_status rc)
     e->kv = kv;
     set_step_modes(e);
     e->grow_at = 0; /* a new device: steps as large as configured */
-    e->grew = false;
-    e->grow_wait = cfg->grow_back_steps;
+    cllm_backoff_init(&e->grow, cfg->grow_back_steps);
     pthread_mutex_lock(&e->lock);
     e->backend_name = e->be->iface->name;
     e->stall_s = 0; /* the CPU that took over is not timed: there is nowhere else to go */
@@ -636,22 +635,19 @@ static bool smaller_steps(struct cllm_engine *e)
     /* A size it had grown back to was short again: it waits twice as long before the next
      * try, up to 16 times the configured wait, so a device that stays short costs a
      * recomputation of what it holds at most every 16 x grow_back_steps steps. */
-    if (e->grew && e->grow_wait <= (int64_t)e->cfg.grow_back_steps * 8)
-        e->grow_wait *= 2;
-    e->grew = false;
-    e->grow_at = e->stats.steps + (uint64_t)e->grow_wait;
+    e->grow_at = e->stats.steps + (uint64_t)cllm_backoff_failed(&e->grow);
     cllm_log(
         CLLM_LOG_WARN,
         "engine: a step found no room on the %s device: the %d requests held go on (recomputed "
         "from their tokens so far) in steps of at most %d tokens and %d sequences (twice that "
         "again after %lld steps)",
         e->be->iface->name, (int)n, (int)s->max_batch_tokens, (int)s->max_seqs,
-        (long long)e->grow_wait);
+        (long long)e->grow.wait);
     return true;
 }
 
 /* Steps made smaller for want of device memory (smaller_steps) grow back: twice as large, up
- * to the configured size, once grow_wait steps have gone through at the smaller size, for the
+ * to the configured size, once grow.wait steps have gone through at the smaller size, for the
  * memory that was short may have come back (another process's). Nothing is recomputed: the
  * scheduler just plans larger steps from the next on. */
 static void grow_steps_back(struct cllm_engine *e)
@@ -668,9 +664,9 @@ static void grow_steps_back(struct cllm_engine *e)
         seqs = tokens;
     if (cllm_scheduler_set_limits(s, tokens, seqs) != CLLM_OK)
         return; /* cannot be: no larger than the caps, no fewer sequences than running */
-    e->grew = true;
+    cllm_backoff_tried(&e->grow);
     const bool full = tokens == s->cap_tokens && seqs == s->cap_seqs;
-    e->grow_at = full ? 0 : e->stats.steps + (uint64_t)e->grow_wait;
+    e->grow_at = full ? 0 : e->stats.steps + (uint64_t)e->grow.wait;
     cllm_log(CLLM_LOG_WARN, "engine: steps grow back to at most %d tokens and %d sequences%s",
              (int)tokens, (int)seqs, full ? ", as configured" : "");
 }
@@ -936,6 +932,7 @@ static void publish_stats(struct cllm_engine *e)
     e->stats.preemptions = e->sched.n_preemptions;
     e->stats.step_tokens = e->sched.max_batch_tokens;
     e->stats.step_seqs = e->sched.max_seqs;
+    e->stats.unrecorded_steps = cllm_model_unrecorded_steps(e->model);
     e->stats.prefix_queries = e->sched.pool.prefix_queries;
     e->stats.prefix_hits = e->sched.pool.prefix_hits;
     pthread_mutex_unlock(&e->lock);
@@ -1086,7 +1083,7 @@ enum cllm_status cllm_engine_new(struct cllm_engine **out, const struct cllm_mod
         cfg->max_seqs = cfg->max_batch_tokens;
     if (cfg->grow_back_steps <= 0)
         cfg->grow_back_steps = 256;
-    e->grow_wait = cfg->grow_back_steps;
+    cllm_backoff_init(&e->grow, cfg->grow_back_steps);
     pthread_mutex_init(&e->lock, NULL);
     pthread_cond_init(&e->wake, NULL);
     enum cllm_status st;
@@ -1279,6 +1276,32 @@ static bool read_reason(struct cllm_engine *e, const char *field, char *why, siz
 bool cllm_engine_fallback(struct cllm_engine *e, char *why, size_t why_len)
 {
     return read_reason(e, e->fallback, why, why_len);
+}
+
+bool cllm_engine_degraded(struct cllm_engine *e, char *why, size_t why_len)
+{
+    pthread_mutex_lock(&e->lock);
+    const int32_t tokens = e->stats.step_tokens, seqs = e->stats.step_seqs;
+    const int64_t unrecorded = e->stats.unrecorded_steps;
+    pthread_mutex_unlock(&e->lock);
+    const bool smaller = tokens < e->cfg.max_batch_tokens || seqs < e->cfg.max_seqs;
+    if (!smaller && unrecorded <= 0)
+        return false;
+    if (why_len) {
+        int n = 0;
+        if (smaller)
+            n = snprintf(why, why_len,
+                         "the device ran short of memory: a step's limits are %d tokens, %d "
+                         "sequences (configured: %d, %d) until they grow back",
+                         (int)tokens, (int)seqs, (int)e->cfg.max_batch_tokens,
+                         (int)e->cfg.max_seqs);
+        if (unrecorded > 0 && n >= 0 && (size_t)n < why_len)
+            snprintf(why + n, why_len - (size_t)n,
+                     "%sno room on the device to record a step's graph: the next %lld steps run "
+                     "op by op",
+                     n ? "; " : "", (long long)unrecorded);
+    }
+    return true;
 }
 
 bool cllm_engine_lost(struct cllm_engine *e, char *why, size_t why_len)

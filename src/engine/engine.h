@@ -64,6 +64,8 @@ struct cllm_engine_stats {
     uint64_t requests_finished;
     int32_t step_tokens, step_seqs; /* the most tokens and sequences a step takes now: less
                                        than configured while the device is short of memory */
+    int64_t unrecorded_steps;       /* steps still to run without a recorded graph, whose recording
+                                       found no room on the device (cllm_model_unrecorded_steps) */
     double turn_seconds; /* how long the engine's current turn has run (0: idle) */
     bool stalled;        /* turn_seconds is past the stall timeout (cllm_engine_stalled) */
 };
@@ -104,6 +106,12 @@ bool cllm_engine_stalled(struct cllm_engine *e, char *why, size_t why_len);
 /* True when the engine runs on the CPU though it was to use a GPU (--device auto): the GPU
  * failed its device check at start, or a step on it failed; why gets which. */
 bool cllm_engine_fallback(struct cllm_engine *e, char *why, size_t why_len);
+/* True while the engine runs below its configured speed for want of device memory: steps
+ * smaller than configured (a step found no room; they grow back, engine config
+ * grow_back_steps), or steps run without their recorded graphs (a recording found no room);
+ * why gets which, with the numbers. Answers are the same; the server stays healthy and says
+ * so (/health "degraded"). */
+bool cllm_engine_degraded(struct cllm_engine *e, char *why, size_t why_len);
 int32_t cllm_engine_n_ctx(const struct cllm_engine *e);
 /* The most sequences one step takes (the config's max_seqs after its defaults and limits). */
 int32_t cllm_engine_max_seqs(const struct cllm_engine *e);

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/backoff.h"
 #include "core/log.h"
 #include "core/status.h"
 #include "sampling/sampling.h"
@@ -44,7 +45,7 @@ static const int32_t graph_buckets[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128,
 #define GRAPH_MIN_LEN 256 /* attention length classes: powers of two from here */
 /* After a recording found no room on the device (its graph could not be instantiated), this
  * many steps run op by op before one is recorded again (CLLM_UNRECORDED_STEPS, for tests);
- * each such failure doubles it, up to 16 times. */
+ * each failure of that next recording doubles it, up to 16 times (core/backoff.h). */
 #define UNRECORDED_STEPS 256
 
 struct cllm_model {
@@ -82,9 +83,10 @@ struct cllm_model {
     int32_t *pad_i32;
     size_t pad_i32_cap;
     bool graphs_off; /* CLLM_NO_GRAPHS, or a recording failed for want of anything but memory */
-    /* a recording that found no room: steps still to run op by op, how many the next such
-     * failure gives, and the first such wait (UNRECORDED_STEPS) */
-    int64_t unrecorded_left, unrecorded_wait, unrecorded_first;
+    /* a recording that found no room: steps still to run op by op, and how many the next
+     * such failure gives */
+    int64_t unrecorded_left;
+    struct cllm_backoff unrecorded_wait;
     bool norms_apart; /* CLLM_NORMS_APART: never a norm in a projection (struct cllm_norm_in) */
 };
 
@@ -237,8 +239,8 @@ enum cllm_status cllm_model_init(struct cllm_model **out, const struct cllm_mode
     const char *no_graphs = getenv("CLLM_NO_GRAPHS");
     m->graphs_off = !be->iface->graph_begin || (no_graphs && no_graphs[0] && no_graphs[0] != '0');
     const char *unrecorded = getenv("CLLM_UNRECORDED_STEPS");
-    m->unrecorded_first = unrecorded && atoi(unrecorded) > 0 ? atoi(unrecorded) : UNRECORDED_STEPS;
-    m->unrecorded_wait = m->unrecorded_first;
+    cllm_backoff_init(&m->unrecorded_wait,
+                      unrecorded && atoi(unrecorded) > 0 ? atoi(unrecorded) : UNRECORDED_STEPS);
     /* for comparisons (tests, benchmarks): every norm its own op */
     const char *apart = getenv("CLLM_NORMS_APART");
     m->norms_apart = apart && apart[0] && apart[0] != '0';
@@ -748,8 +750,8 @@ static enum cllm_status run_step(struct cllm_model *m, struct cllm_kv_cache *kv,
 {
     enum cllm_status st;
     int32_t bucket = graph_bucket(m, step);
-    if (m->unrecorded_left > 0)
-        m->unrecorded_left--;
+    if (m->unrecorded_left > 0 && --m->unrecorded_left == 0)
+        cllm_backoff_tried(&m->unrecorded_wait); /* the next recording tries again */
     struct cllm_step padded, s;
     if (bucket && (st = pad_step(m, step, bucket, &padded)))
         return st;
@@ -793,13 +795,11 @@ static enum cllm_status run_step(struct cllm_model *m, struct cllm_kv_cache *kv,
      * recordings. */
     const enum cllm_status why = st ? st : end;
     if (why == CLLM_ERR_NOMEM) {
-        m->unrecorded_left = m->unrecorded_wait;
+        m->unrecorded_left = cllm_backoff_failed(&m->unrecorded_wait);
         cllm_log(CLLM_LOG_WARN,
                  "model: no room on the device to record a %d-row step: it and the next %lld "
                  "steps run op by op, then recording is tried again",
                  (int)bucket, (long long)m->unrecorded_left);
-        if (m->unrecorded_wait < 16 * m->unrecorded_first)
-            m->unrecorded_wait *= 2;
     } else {
         cllm_log(CLLM_LOG_WARN,
                  "model: recording a %d-row step failed (%s); running steps unrecorded",
@@ -840,6 +840,11 @@ enum cllm_status cllm_model_forward(struct cllm_model *m, struct cllm_kv_cache *
 bool cllm_model_samples_on_device(const struct cllm_model *m)
 {
     return m->be->iface->sample != NULL;
+}
+
+int64_t cllm_model_unrecorded_steps(const struct cllm_model *m)
+{
+    return m->unrecorded_left;
 }
 
 bool cllm_model_queues_steps(const struct cllm_model *m)

@@ -101,6 +101,10 @@ enum cllm_status cllm_model_wait_sample(struct cllm_model *m, const struct cllm_
  * first one's draw on the device, while the first one runs. */
 bool cllm_model_queues_steps(const struct cllm_model *m);
 
+/* Steps still to run op by op, unrecorded, because recording a step's graph found no room
+ * on the device (then it is tried again); 0 while steps are recorded as usual. */
+int64_t cllm_model_unrecorded_steps(const struct cllm_model *m);
+
 /* After a failed launch or wait: waits for the device, then forgets every launched step
  * (their tokens are never filled). */
 void cllm_model_drop_launched(struct cllm_model *m);

@@ -158,6 +158,9 @@ enum cllm_status cllm_metrics_render(struct cllm_metrics *m, const struct cllm_e
     head(&t, "cllm_step_sequences_limit", "gauge",
          "Most sequences a step takes now: below --max-seqs while the device is short of memory.");
     put(&t, "cllm_step_sequences_limit %d\n", (int)es->step_seqs);
+    head(&t, "cllm_unrecorded_steps", "gauge",
+         "Steps still to run without a recorded graph: recording one found no room on the device.");
+    put(&t, "cllm_unrecorded_steps %lld\n", (long long)es->unrecorded_steps);
     head(&t, "cllm_engine_turn_seconds", "gauge",
          "Seconds the engine has been in its current step (0 while it waits for work).");
     put(&t, "cllm_engine_turn_seconds %.3f\n", es->turn_seconds);

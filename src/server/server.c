@@ -116,6 +116,9 @@ enum MHD_Result cllm_route_health(struct cllm_server *s, struct cllm_http_req *h
     pthread_mutex_unlock(&s->failover_lock);
     if (why[0] || cllm_engine_fallback(e, why, sizeof why))
         cJSON_AddStringToObject(o, "fallback", why);
+    /* slower than configured for want of device memory: answers as usual, so still ok */
+    if (cllm_engine_degraded(e, why, sizeof why))
+        cJSON_AddStringToObject(o, "degraded", why);
     if (s->cfg.restarts > 0)
         cJSON_AddNumberToObject(o, "restarts", s->cfg.restarts);
     cJSON_AddNumberToObject(o, "context", cllm_engine_n_ctx(e));

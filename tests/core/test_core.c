@@ -1,4 +1,5 @@
-/* Core utilities: overflow-checked sizes, buffers, hash maps, f16/bf16 conversions, mmap. */
+/* Core utilities: overflow-checked sizes, buffers, hash maps, f16/bf16 conversions, mmap,
+ * the retry backoff. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -6,6 +7,7 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/backoff.h"
 #include "core/buf.h"
 #include "core/f16.h"
 #include "core/hashmap.h"
@@ -148,8 +150,40 @@ static void test_memory_limit(void)
            (unsigned long long)limit, (unsigned long long)ram);
 }
 
+/* Waits after failures: the first, then doubled only by the failure of a try, up to 16x. */
+static void test_backoff(void)
+{
+    struct cllm_backoff b;
+    cllm_backoff_init(&b, 256);
+    CHECK(cllm_backoff_failed(&b) == 256);
+    CHECK(cllm_backoff_failed(&b) == 256); /* failed again before any try: no doubling */
+    const int64_t want[] = {512, 1024, 2048, 4096, 4096, 4096};
+    for (int i = 0; i < 6; i++) {
+        cllm_backoff_tried(&b);
+        int64_t w = cllm_backoff_failed(&b);
+        CHECKF(w == want[i], "try %d failed: wait %lld, want %lld", i, (long long)w,
+               (long long)want[i]);
+    }
+    cllm_backoff_init(&b, 3); /* not a power of two: the cap is still 16x */
+    for (int i = 0; i < 8; i++) {
+        cllm_backoff_tried(&b);
+        (void)cllm_backoff_failed(&b);
+    }
+    CHECK(b.wait == 48);
+    cllm_backoff_init(&b, 5); /* a reset forgets the doubling */
+    CHECK(cllm_backoff_failed(&b) == 5);
+    cllm_backoff_init(&b, 0);
+    CHECK(cllm_backoff_failed(&b) == 1);
+    cllm_backoff_init(&b, -7);
+    CHECK(cllm_backoff_failed(&b) == 1);
+    cllm_backoff_init(&b, INT64_MAX); /* no overflow at the cap */
+    cllm_backoff_tried(&b);
+    CHECK(cllm_backoff_failed(&b) > 0);
+}
+
 int main(void)
 {
+    test_backoff();
     test_memory_limit();
     test_overflow();
     test_buf();

@@ -384,9 +384,17 @@ static void test_short_of_memory(void)
     struct cllm_engine_stats st;
     cllm_engine_stats(e, &st);
     const long n_graphs = emu_refused_graphs() - graphs_before;
-    printf("no room for graphs: %ld recordings refused in %llu steps\n", n_graphs,
-           (unsigned long long)st.steps);
+    printf(
+        "no room for graphs: %ld recordings refused in %llu steps, %lld steps still unrecorded\n",
+        n_graphs, (unsigned long long)st.steps, (long long)st.unrecorded_steps);
     CHECKF(n_graphs >= 2, "%ld recordings refused: not tried again after 4 steps", n_graphs);
+    /* the last refusal's wait (4 steps doubled per refused retry, up to 16x) has not run out:
+     * the engine reports it (/health "degraded") */
+    char why[256] = "";
+    CHECKF(st.unrecorded_steps > 0 && st.unrecorded_steps <= 64 &&
+               cllm_engine_degraded(e, why, sizeof why) && strstr(why, "record") &&
+               !strstr(why, "limits"),
+           "%lld steps unrecorded, degraded: \"%s\"", (long long)st.unrecorded_steps, why);
     CHECKF(st.step_tokens == 64 && st.step_seqs == 8,
            "graphs refused: steps of %d tokens and %d sequences (of 64 and 8)", (int)st.step_tokens,
            (int)st.step_seqs);

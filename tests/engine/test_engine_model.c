@@ -417,10 +417,16 @@ static void test_device_short_of_memory(const struct cllm_buf *alone)
         struct cllm_engine_stats st;
         wait_idle(e, &st);
         CHECK(st.kv_blocks_used == 0 && st.running == 0 && st.requests_finished == 4);
-        if (mode == 0)
+        char why[256] = "";
+        if (mode == 0) {
             CHECKF(st.step_tokens == 16 && st.step_seqs == 1,
                    "after the shortage: steps of %d tokens and %d sequences", (int)st.step_tokens,
                    (int)st.step_seqs);
+            /* what /health reports: slower, with the numbers */
+            CHECKF(cllm_engine_degraded(e, why, sizeof why) &&
+                       strstr(why, "16 tokens, 1 sequences (configured: 256, 16)"),
+                   "degraded: \"%s\"", why);
+        }
         if (mode == 1) {
             /* room again: the steps grow back as answers go on */
             unlink(trigger);
@@ -435,6 +441,8 @@ static void test_device_short_of_memory(const struct cllm_buf *alone)
             CHECKF(st.step_tokens == 256 && st.step_seqs == 16,
                    "room again: steps of %d tokens and %d sequences after %d answers",
                    (int)st.step_tokens, (int)st.step_seqs, rounds);
+            CHECKF(!cllm_engine_degraded(e, why, sizeof why), "room again, still degraded: %s",
+                   why);
             /* no room at all: the error, then answers again once there is room */
             fclose(fopen(trigger, "w"));
             setenv("CLLM_FAULT_NOMEM_TOKENS", "0", 1);

@@ -161,7 +161,8 @@ static void test_metrics(void)
                                    .prompt_tokens = 40,
                                    .generated_tokens = 17,
                                    .step_tokens = 128,
-                                   .step_seqs = 64};
+                                   .step_seqs = 64,
+                                   .unrecorded_steps = 4096};
     b.len = 0;
     CHECK(cllm_metrics_render(&m, &es, &b) == CLLM_OK && well_formed(b.data));
     const char *want[] = {
@@ -184,6 +185,7 @@ static void test_metrics(void)
         "cllm_preemptions_total 1\n",
         "cllm_step_tokens_limit 128\n",
         "cllm_step_sequences_limit 64\n",
+        "cllm_unrecorded_steps 4096\n",
         "# TYPE cllm_time_to_first_token_seconds histogram\n",
         "# TYPE cllm_requests_total counter\n",
     };

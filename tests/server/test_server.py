@@ -380,7 +380,7 @@ def test_metrics(port, before):
              "cllm_request_duration_seconds": "histogram", "cllm_kv_cache_usage_ratio": "gauge",
              "cllm_prefix_cache_queries_total": "counter", "cllm_prefix_cache_hits_total": "counter",
              "cllm_preemptions_total": "counter", "cllm_step_tokens_limit": "gauge",
-             "cllm_step_sequences_limit": "gauge"}
+             "cllm_step_sequences_limit": "gauge", "cllm_unrecorded_steps": "gauge"}
     for n, t in names.items():
         check(n in helps and types.get(n) == t, f"HELP/TYPE for {n}: {types.get(n)}")
     get = lambda n, **l: samples.get((n, frozenset(l.items())), 0.0)
@@ -866,8 +866,9 @@ def test_lost_gpu_moves_to_cpu():
 def test_device_short_of_memory():
     """A device with no room for steps of more than 2 tokens (CLLM_FAULT_NOMEM_TOKENS while the
     fault file exists; on any device): a greedy /predict list is answered, 200, with the text
-    it had before the fault, the health check stays ok, and /metrics shows the smaller steps
-    the engine went on in (engine.c, smaller_steps: 2 tokens and 1 sequence)."""
+    it had before the fault, the health check stays ok but says it is degraded, and /metrics
+    shows the smaller steps the engine went on in (engine.c, smaller_steps: 2 tokens and 1
+    sequence)."""
     trigger = os.path.join(tempfile.mkdtemp(prefix="cllm-nomem-"), "nomem")
     srv = Server("--max-seqs", "4",
                  env={"CLLM_FAULT_FILE": trigger, "CLLM_FAULT_NOMEM_TOKENS": "2"})
@@ -882,16 +883,23 @@ def test_device_short_of_memory():
         tokens = metric(port, "cllm_step_tokens_limit")
         seqs = metric(port, "cllm_step_sequences_limit")
         check(tokens > 2 and seqs == 4, f"steps as configured: {tokens} tokens, {seqs} sequences")
+        st, _, h = request(port, "GET", "/health")
+        check(st == 200 and "degraded" not in json.loads(h), f"health, not degraded: {st} {h}")
         open(trigger, "w").close()
         st, _, during = post(port, "/predict", body)
         check(st == 200 and isinstance(during, dict)
               and during.get("response") == before.get("response"),
               f"short of memory: the same answers: {st} {during} (before: {before})")
         st, _, h = request(port, "GET", "/health")
-        check(st == 200 and json.loads(h).get("status") == "ok", f"health stays ok: {st} {h}")
+        health = json.loads(h) if st == 200 else {}
+        check(health.get("status") == "ok", f"health stays ok: {st} {h}")
+        check("a step's limits are 2 tokens, 1 sequences" in health.get("degraded", "")
+              and "configured:" in health.get("degraded", ""),
+              f"health says the server is slower, and why: {h}")
         tokens = metric(port, "cllm_step_tokens_limit")
         seqs = metric(port, "cllm_step_sequences_limit")
         check(tokens == 2 and seqs == 1, f"smaller steps: {tokens} tokens, {seqs} sequences")
+        check(metric(port, "cllm_unrecorded_steps") == 0, "no graphs paused on this device")
     finally:
         stop_fault_server(srv, trigger, "the server short of memory")
 
