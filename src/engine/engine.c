@@ -17,7 +17,7 @@
  * step. A stop string found then ends a request that launched steps still compute: their
  * tokens are dropped, and the request leaves the scheduler before the next plan.
  */
-#include "engine/engine.h"
+#include "engine/engine_internal.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -27,87 +27,8 @@
 
 #include "backend/cpu/threadpool.h"
 #include "core/alloc.h"
-#include "core/backoff.h"
 #include "core/log.h"
-#include "core/limits.h"
 #include "core/status.h"
-#include "engine/device_check.h"
-#include "engine/scheduler.h"
-#include "model/model.h"
-
-/* A token to draw on the host: the sampler of its request, its row of the step's logits, and
- * where the token goes (a negative value if the draw failed). */
-struct host_draw {
-    struct cllm_sampler *sampler;
-    int32_t row;
-    int32_t *token;
-};
-
-/* A step launched and not yet waited for. Each request of its plan is retained: it may leave
- * the scheduler (EOS, cancel) while the step runs. */
-struct launched {
-    struct cllm_sched_entry *entries; /* [max_seqs] the plan */
-    int32_t *tok_index; /* [max_seqs] per entry: where its token goes in req->tokens, or -1 */
-    int32_t n_entries;
-    struct cllm_sample_row *rows; /* [max_seqs] how each output is drawn */
-    int32_t *sampled;             /* [max_seqs] the drawn tokens (-1: sample on the host) */
-    bool caller_rows;             /* some outputs are sampled on the host */
-    const float *logits;          /* without draws: the step's logits (host) */
-};
-
-struct cllm_engine {
-    const struct cllm_model_files *mf;
-    struct cllm_engine_config cfg;
-    struct cllm_backend *be;
-    struct cllm_model *model;
-    struct cllm_kv_cache kv;
-    struct cllm_scheduler sched;
-    int32_t n_ctx, max_blocks_per_seq, n_vocab;
-
-    /* step arrays, [max_batch_tokens] / [max_seqs][max_blocks_per_seq] */
-    int32_t *tokens, *pos, *seq, *slot, *outputs, *table;
-    float *logits_copies;       /* [n_copies][n_vocab]: a row per host thread for samplers */
-    int32_t n_copies;
-    struct host_draw *host_draws; /* [max_seqs] a step's tokens to draw on the host */
-    struct cllm_threadpool *draw_pool; /* host threads for draws on a backend that lends none */
-    struct launched flights[2]; /* launched steps, oldest first: flights[(head + i) % 2] */
-    int32_t n_flights, flight_head;
-    struct pending_token *pending; /* [max_seqs] tokens whose text is not delivered yet */
-    int32_t n_pending;
-    struct cllm_token_count *counts; /* [counts_cap] the penalties' memory of a step's rows */
-    size_t counts_cap;
-    bool draws;     /* steps go through cllm_model_launch_sample (tokens drawn by the model) */
-    bool host_penalties; /* CLLM_HOST_PENALTIES=1: rows with penalties are drawn on the host */
-    bool run_ahead; /* launch a step while the one before it runs */
-    bool overlap;   /* deliver a step's text during the next step */
-    /* Smaller steps after the device ran short of memory (smaller_steps), and growing back
-     * (grow_steps_back): at step grow_at (0: at full size) steps double, after grow.wait
-     * steps at each size; a size grown back to that is short again doubles the wait. */
-    uint64_t grow_at;
-    struct cllm_backoff grow;
-
-    pthread_t thread;
-    pthread_mutex_t lock;
-    pthread_cond_t wake;
-    struct cllm_request *incoming_head, *incoming_tail; /* under lock */
-    int32_t n_incoming;                                 /* under lock */
-    bool stop;                                          /* under lock */
-    char lost[192]; /* under lock: why the device can run nothing more ("" while it can) */
-    const char *backend_name;       /* under lock: the backend's name (a static string) */
-    double stall_s;                 /* under lock: a turn longer than this is a stall; 0: none */
-    char fallback[256];  /* under lock: why it runs on the CPU though a GPU was to be used ("") */
-    double turn_started; /* under lock: cllm_now() when the current turn began; 0
-                            while the engine waits for work */
-    uint64_t next_id;               /* under lock */
-    struct cllm_engine_stats stats; /* under lock */
-};
-
-/* A generated token whose text is still to be delivered. */
-struct pending_token {
-    struct cllm_request *r; /* a reference of its own */
-    int32_t token;
-    bool at_limit; /* the request reached its length limit with this token */
-};
 
 void cllm_engine_config_default(struct cllm_engine_config *c)
 {
@@ -164,8 +85,8 @@ static enum cllm_finish_reason deliver_token(struct cllm_request *r, int32_t tok
 }
 
 /* Ends a request for its submitter. The scheduler may still hold it (drop_finished). */
-static void end_request(struct cllm_engine *e, struct cllm_request *r, enum cllm_finish_reason why,
-                        const char *error)
+void cllm_engine_end_request(struct cllm_engine *e, struct cllm_request *r,
+                             enum cllm_finish_reason why, const char *error)
 {
     r->ended = true;
     /* counted first: whoever sees the request finished sees it counted */
@@ -175,10 +96,10 @@ static void end_request(struct cllm_engine *e, struct cllm_request *r, enum cllm
     cllm_request_finish(r, why, error);
 }
 
-static void finish(struct cllm_engine *e, struct cllm_request *r, enum cllm_finish_reason why,
-                   const char *error)
+void cllm_engine_finish(struct cllm_engine *e, struct cllm_request *r, enum cllm_finish_reason why,
+                        const char *error)
 {
-    end_request(e, r, why, error);
+    cllm_engine_end_request(e, r, why, error);
     cllm_scheduler_remove(&e->sched, r);
 }
 
@@ -191,7 +112,7 @@ static void deliver_pending(struct cllm_engine *e)
         if (!r->ended) { /* else cancelled meanwhile: nothing more goes out */
             enum cllm_finish_reason why = deliver_token(r, pt->token, pt->at_limit, r->n_cached);
             if (why != CLLM_FINISH_NONE)
-                end_request(e, r, why, NULL);
+                cllm_engine_end_request(e, r, why, NULL);
         }
         cllm_request_release(r);
     }
@@ -229,7 +150,7 @@ static void finish_in_time(struct cllm_engine *e, struct cllm_request *r)
             continue;
         enum cllm_finish_reason why = deliver_token(r, pt->token, pt->at_limit, r->n_cached);
         if (why != CLLM_FINISH_NONE) {
-            finish(e, r, why, NULL);
+            cllm_engine_finish(e, r, why, NULL);
             return;
         }
     }
@@ -240,7 +161,7 @@ static void finish_in_time(struct cllm_engine *e, struct cllm_request *r)
              "request %llu: max_time %.3g s over after %d generated tokens: it ends with the "
              "text so far",
              (unsigned long long)r->id, r->params.max_time, (int)cllm_request_n_generated(r));
-    finish(e, r, stopped ? CLLM_FINISH_STOP : CLLM_FINISH_TIME, NULL);
+    cllm_engine_finish(e, r, stopped ? CLLM_FINISH_STOP : CLLM_FINISH_TIME, NULL);
 }
 
 /* Takes the requests that are over out of the scheduler: those cancelled by their submitter
@@ -251,7 +172,7 @@ static void drop_one(struct cllm_engine *e, struct cllm_request *r, double now)
     if (r->ended)
         cllm_scheduler_remove(&e->sched, r);
     else if (cllm_request_cancelled(r))
-        finish(e, r, CLLM_FINISH_CANCELLED, NULL);
+        cllm_engine_finish(e, r, CLLM_FINISH_CANCELLED, NULL);
     else if (r->deadline > 0 && now >= r->deadline)
         finish_in_time(e, r);
 }
@@ -363,357 +284,13 @@ static bool build_sample_rows(struct cllm_engine *e, const struct cllm_plan *p,
 }
 
 /* Ends every request the scheduler holds with an error. */
-static void fail_all(struct cllm_engine *e, const char *msg)
+void cllm_engine_fail_all(struct cllm_engine *e, const char *msg)
 {
     struct cllm_scheduler *s = &e->sched;
     while (s->n_running > 0)
-        finish(e, s->running[0], CLLM_FINISH_ERROR, msg);
+        cllm_engine_finish(e, s->running[0], CLLM_FINISH_ERROR, msg);
     while (s->n_waiting > 0)
-        finish(e, s->waiting[s->wait_head], CLLM_FINISH_ERROR, msg);
-}
-
-static struct launched *flight_at(struct cllm_engine *e, int32_t i)
-{
-    return &e->flights[(e->flight_head + i) % 2];
-}
-
-static void fail_entries(struct cllm_engine *e, const struct cllm_sched_entry *en, int32_t n,
-                         const char *msg)
-{
-    for (int32_t j = n - 1; j >= 0; j--)
-        if (!en[j].req->ended)
-            finish(e, en[j].req, CLLM_FINISH_ERROR, msg);
-}
-
-/* Lets go of the oldest launched step's requests. */
-static void pop_flight(struct cllm_engine *e)
-{
-    struct launched *f = flight_at(e, 0);
-    for (int32_t j = 0; j < f->n_entries; j++)
-        cllm_request_release(f->entries[j].req);
-    f->n_entries = 0;
-    e->flight_head = (e->flight_head + 1) % 2;
-    e->n_flights--;
-}
-
-/* Room for max_seqs sequences of up to 2048 tokens, capped at 4 GiB, but always at least one
- * full context. */
-static int64_t default_kv_bytes(int64_t per_token, int32_t max_seqs, int32_t n_ctx)
-{
-    int64_t per_seq = n_ctx < 2048 ? n_ctx : 2048;
-    /* 4 GiB, or an eighth of the memory this process may use where that is more: on the
-     * evaluation's 100 GB machine the 1.5B's 192 answers fit without preemption. */
-    const uint64_t eighth = cllm_memory_limit() / 8;
-    int64_t want = per_token * per_seq * max_seqs, cap = (int64_t)4 << 30;
-    if (eighth > (uint64_t)cap && eighth < (uint64_t)INT64_MAX)
-        cap = (int64_t)eighth;
-    if (want > cap)
-        want = cap;
-    return want > per_token * n_ctx ? want : per_token * n_ctx;
-}
-
-/* True when the model runs on a GPU: what the device check checks and what a failure moves
- * away from (any backend but the CPU's). */
-static bool on_gpu(const struct cllm_engine *e)
-{
-    return strcmp(e->be->iface->name, "cpu") != 0;
-}
-
-/* The stall timeout on a GPU unless one is set: its steps take milliseconds (a few more when a
- * batch size is first recorded; ~1 s when a failed step moves the engine to the CPU inside a
- * turn); 30 s in one is a device that no longer answers. Not less: what the server does then
- * (moving to the CPU) costs every request its speed. */
-#define GPU_STALL_TIMEOUT_S 30.0
-
-/* How long one turn may run on the current backend before the engine counts as stalled (0:
- * any time). */
-static double stall_limit(const struct cllm_engine *e)
-{
-    if (e->cfg.stall_timeout != 0)
-        return e->cfg.stall_timeout > 0 ? e->cfg.stall_timeout : 0;
-    return on_gpu(e) ? GPU_STALL_TIMEOUT_S : 0;
-}
-
-static enum cllm_status init_model_on(struct cllm_engine *e, enum cllm_backend_kind kind, char *err,
-                                      size_t err_len)
-{
-    const struct cllm_engine_config *cfg = &e->cfg;
-    struct cllm_backend_options bo = {kind, cfg->n_threads, cfg->device, cfg->cpu_weights};
-    enum cllm_status st = cllm_backend_new(&e->be, &bo, err, err_len);
-    if (!st)
-        st = cllm_model_init(&e->model, e->mf, e->be, cfg->max_batch_tokens, cfg->max_seqs, err,
-                             err_len);
-    if (!st && cfg->cpu_weights == CLLM_CPU_WEIGHTS_Q6_K && !on_gpu(e))
-        cllm_log(CLLM_LOG_INFO, "cpu: --cpu-weights q6_k: float weight matrices whose rows are "
-                                "whole 256-element blocks were quantized to Q6_K at load");
-    return st;
-}
-
-/* Blocks of KV cache that kv_bytes buy on the current model (0: the CPU's default budget);
- * the callers see to the minimums. */
-static int64_t cache_blocks(const struct cllm_engine *e, int64_t kv_bytes)
-{
-    const struct cllm_engine_config *cfg = &e->cfg;
-    int64_t per_token = (int64_t)cllm_model_kv_bytes_per_token(e->model);
-    if (!kv_bytes)
-        kv_bytes = default_kv_bytes(per_token, cfg->max_seqs, e->n_ctx);
-    int64_t block_bytes = per_token * cfg->block_size;
-    /* The default budget rounds up to whole blocks; an explicit --kv-mem is a ceiling. */
-    return cfg->kv_bytes ? kv_bytes / block_bytes : (kv_bytes + block_bytes - 1) / block_bytes;
-}
-
-/* How steps are run on the current model: see cllm_engine_config and the top of the file. */
-static void set_step_modes(struct cllm_engine *e)
-{
-    const struct cllm_engine_config *cfg = &e->cfg;
-    e->draws = cllm_model_samples_on_device(e->model) || cfg->run_ahead > 0;
-    /* CLLM_NO_RUN_AHEAD=1 turns the default off, for comparison */
-    const char *no_ahead = getenv("CLLM_NO_RUN_AHEAD");
-    bool ahead_default = cllm_model_queues_steps(e->model) && !(no_ahead && !strcmp(no_ahead, "1"));
-    e->run_ahead = e->draws && (cfg->run_ahead > 0 || (cfg->run_ahead == 0 && ahead_default));
-    const char *host_penalties = getenv("CLLM_HOST_PENALTIES"); /* for comparison */
-    e->host_penalties = host_penalties && !strcmp(host_penalties, "1");
-    e->overlap = cfg->overlap > 0 || (cfg->overlap == 0 && cllm_model_samples_on_device(e->model));
-}
-
-/* r once more among the requests to carry over, unless it is there already or over: ended,
- * or out of the scheduler with all its tokens known (an EOS waiting to be delivered; one at
- * its length limit whose last token a launched step was to draw is carried over). */
-static void keep_request(struct cllm_request **keep, int32_t *n, struct cllm_request *r)
-{
-    if (r->ended || (r->state == CLLM_REQ_DONE && r->n_unseen == 0))
-        return;
-    for (int32_t i = 0; i < *n; i++)
-        if (keep[i] == r)
-            return;
-    keep[(*n)++] = r;
-}
-
-/* Room for every request the engine holds (take_requests). */
-static struct cllm_request **requests_room(struct cllm_engine *e)
-{
-    const struct cllm_scheduler *s = &e->sched;
-    int32_t cap = s->n_running + s->n_waiting;
-    for (int32_t i = 0; i < e->n_flights; i++)
-        cap += flight_at(e, i)->n_entries;
-    return cllm_malloc_array((size_t)cap + 1, sizeof(struct cllm_request *));
-}
-
-/* Every request that is not over into keep (requests_room), in the order they came: running
- * (including the failed plan's), those only a launched step still held (at their length
- * limit), waiting; each retained, with the tokens that launched steps drew and nobody saw
- * dropped. The launched steps are forgotten. Then the scheduler can be freed and a new one
- * given them back (swap_scheduler), each as if preempted: its known tokens kept, its cache
- * recomputed. Returns how many. */
-static int32_t take_requests(struct cllm_engine *e, struct cllm_request **keep)
-{
-    struct cllm_scheduler *s = &e->sched;
-    int32_t n = 0;
-    for (int32_t i = 0; i < s->n_running; i++)
-        keep_request(keep, &n, s->running[i]);
-    for (int32_t f = 0; f < e->n_flights; f++)
-        for (int32_t j = 0; j < flight_at(e, f)->n_entries; j++)
-            keep_request(keep, &n, flight_at(e, f)->entries[j].req);
-    for (int32_t i = 0; i < s->n_waiting; i++)
-        keep_request(keep, &n, s->waiting[(s->wait_head + i) % s->wait_cap]);
-    for (int32_t i = 0; i < n; i++) {
-        cllm_request_retain(keep[i]);
-        keep[i]->n_tokens -= keep[i]->n_unseen;
-        keep[i]->n_unseen = 0;
-        keep[i]->unseen_output = 0;
-    }
-    while (e->n_flights > 0)
-        pop_flight(e);
-    return n;
-}
-
-/* Every request the engine holds (take_requests, into keep from requests_room, which is
- * freed) moved onto scheduler ns, which replaces the engine's: in order, each as if
- * preempted. One that ns cannot take ends with `why`. Returns how many were moved. */
-static int32_t swap_scheduler(struct cllm_engine *e, struct cllm_scheduler *ns,
-                              struct cllm_request **keep, const char *why)
-{
-    struct cllm_scheduler *s = &e->sched;
-    const int32_t n = take_requests(e, keep);
-    ns->n_preemptions = s->n_preemptions + (uint64_t)s->n_running;
-    cllm_scheduler_free(s); /* every request's blocks go back, its n_computed to 0 */
-    *s = *ns;
-    for (int32_t i = 0; i < n; i++) {
-        if (cllm_scheduler_add(s, keep[i]) != CLLM_OK)
-            end_request(e, keep[i], CLLM_FINISH_ERROR, why);
-        cllm_request_release(keep[i]);
-    }
-    free(keep);
-    return n;
-}
-
-/* Under --device auto a GPU that failed (lost, or a step that fails on it) is not the end of
- * the requests it held: the engine loads the model on the CPU and goes on with every request
- * (take_requests). Slower, but no answer is lost. Returns false, having changed nothing, if
- * the CPU model or its cache cannot be made. */
-static bool move_to_cpu(struct cllm_engine *e, enum cllm_status rc)
-{
-    const struct cllm_engine_config *cfg = &e->cfg;
-    struct cllm_backend *old_be = e->be;
-    struct cllm_model *old_model = e->model;
-    struct cllm_request **keep = requests_room(e);
-    struct cllm_kv_cache kv = {0};
-    struct cllm_scheduler ns;
-    char err[256] = "";
-    e->be = NULL;
-    e->model = NULL;
-    enum cllm_status st = keep ? init_model_on(e, CLLM_BACKEND_CPU, err, sizeof err)
-                               : cllm_fail(err, sizeof err, CLLM_ERR_NOMEM, "out of memory");
-    int64_t n_blocks = 0;
-    if (!st) {
-        n_blocks = cache_blocks(e, cfg->kv_bytes);
-        int64_t need = (e->n_ctx + cfg->block_size - 1) / cfg->block_size;
-        if (n_blocks < need)
-            n_blocks = need; /* one sequence must always fit */
-        st = cllm_kv_cache_init(&kv, e->model, (int32_t)n_blocks, cfg->block_size, err, sizeof err);
-    }
-    if (!st &&
-        (st = cllm_scheduler_init(&ns, (int32_t)n_blocks, cfg->block_size, cfg->max_batch_tokens,
-                                  cfg->max_seqs, cfg->prefix_cache))) {
-        cllm_kv_cache_free(&kv, e->model);
-        cllm_fail(err, sizeof err, st, "out of memory for the scheduler");
-    }
-    if (st) {
-        cllm_log(CLLM_LOG_ERROR, "engine: cannot move to the CPU: %s", err);
-        cllm_model_free(e->model);
-        cllm_backend_free(e->be);
-        e->be = old_be;
-        e->model = old_model;
-        free(keep);
-        return false;
-    }
-    const int32_t n = swap_scheduler(e, &ns, keep, "out of memory moving to the CPU");
-    cllm_kv_cache_free(&e->kv, old_model);
-    cllm_model_free(old_model);
-    cllm_log(CLLM_LOG_ERROR,
-             "engine: a step failed on the %s device (%s): its %d requests go on on the CPU "
-             "(recomputed from their tokens so far), and so does everything from now on",
-             old_be->iface->name, cllm_status_str(rc), (int)n);
-    char fallback[sizeof e->fallback];
-    snprintf(fallback, sizeof fallback, "a step failed on the %s device (%s)", old_be->iface->name,
-             cllm_status_str(rc));
-    cllm_backend_free(old_be);
-    e->kv = kv;
-    set_step_modes(e);
-    e->grow_at = 0; /* a new device: steps as large as configured */
-    cllm_backoff_init(&e->grow, cfg->grow_back_steps);
-    pthread_mutex_lock(&e->lock);
-    e->backend_name = e->be->iface->name;
-    e->stall_s = 0; /* the CPU that took over is not timed: there is nowhere else to go */
-    e->stats.kv_blocks_total = (int32_t)n_blocks;
-    memcpy(e->fallback, fallback, sizeof fallback);
-    pthread_mutex_unlock(&e->lock);
-    return true;
-}
-
-/* A step that found no room on the device (CLLM_ERR_NOMEM: a buffer the size of the step that
- * could not grow, the device's memory taken by the KV cache or by another process) is not
- * the end of its requests: the engine goes on with steps of half as many tokens and
- * sequences, whose buffers are smaller, and every request recomputed (take_requests); again
- * if need be, down to one token a step. Returns false, having changed nothing, at one token a
- * step already or if the new scheduler cannot be made. */
-static bool smaller_steps(struct cllm_engine *e)
-{
-    struct cllm_scheduler *s = &e->sched, ns;
-    if (s->max_batch_tokens <= 1)
-        return false;
-    const int32_t tokens = s->max_batch_tokens / 2, seqs = s->max_seqs > 1 ? s->max_seqs / 2 : 1;
-    struct cllm_request **keep = requests_room(e);
-    /* as large as configured, for the steps to grow back to (grow_steps_back) */
-    if (!keep || cllm_scheduler_init(&ns, s->pool.n_blocks, s->pool.block_size, s->cap_tokens,
-                                     s->cap_seqs, s->prefix_cache)) {
-        free(keep);
-        return false;
-    }
-    (void)cllm_scheduler_set_limits(&ns, tokens, seqs < tokens ? seqs : tokens); /* none runs */
-    const int32_t n = swap_scheduler(e, &ns, keep, "out of memory");
-    /* A size it had grown back to was short again: it waits twice as long before the next
-     * try, up to 16 times the configured wait, so a device that stays short costs a
-     * recomputation of what it holds at most every 16 x grow_back_steps steps. */
-    e->grow_at = e->stats.steps + (uint64_t)cllm_backoff_failed(&e->grow);
-    cllm_log(
-        CLLM_LOG_WARN,
-        "engine: a step found no room on the %s device: the %d requests held go on (recomputed "
-        "from their tokens so far) in steps of at most %d tokens and %d sequences (twice that "
-        "again after %lld steps)",
-        e->be->iface->name, (int)n, (int)s->max_batch_tokens, (int)s->max_seqs,
-        (long long)e->grow.wait);
-    return true;
-}
-
-/* Steps made smaller for want of device memory (smaller_steps) grow back: twice as large, up
- * to the configured size, once grow.wait steps have gone through at the smaller size, for the
- * memory that was short may have come back (another process's). Nothing is recomputed: the
- * scheduler just plans larger steps from the next on. */
-static void grow_steps_back(struct cllm_engine *e)
-{
-    struct cllm_scheduler *s = &e->sched;
-    if (!e->grow_at || e->stats.steps < e->grow_at)
-        return;
-    int32_t tokens = 2 * s->max_batch_tokens, seqs = 2 * s->max_seqs;
-    if (tokens > s->cap_tokens)
-        tokens = s->cap_tokens;
-    if (seqs > s->cap_seqs)
-        seqs = s->cap_seqs;
-    if (seqs > tokens)
-        seqs = tokens;
-    if (cllm_scheduler_set_limits(s, tokens, seqs) != CLLM_OK)
-        return; /* cannot be: no larger than the caps, no fewer sequences than running */
-    cllm_backoff_tried(&e->grow);
-    const bool full = tokens == s->cap_tokens && seqs == s->cap_seqs;
-    e->grow_at = full ? 0 : e->stats.steps + (uint64_t)e->grow.wait;
-    cllm_log(CLLM_LOG_WARN, "engine: steps grow back to at most %d tokens and %d sequences%s",
-             (int)tokens, (int)seqs, full ? ", as configured" : "");
-}
-
-/* A launch or a wait failed. Under --device auto, after a device error on a GPU, the engine
- * goes on on the CPU with every request (move_to_cpu). Otherwise the requests of every
- * launched step and of the plan (if `plan`) end with the error; and if the device does not
- * answer a sync either, the error sticks (a CUDA illegal address, a lost GPU): nothing can
- * run any more, so every request ends, new ones are refused and the health check reports
- * it, for the server to be restarted. */
-static void step_failed(struct cllm_engine *e, enum cllm_status rc, bool plan)
-{
-    const struct cllm_plan *p = &e->sched.plan;
-    char msg[96];
-    snprintf(msg, sizeof msg, "the forward pass failed: %s", cllm_status_str(rc));
-    cllm_log(CLLM_LOG_ERROR, "%s (%d requests in the step)", msg,
-             (int)(plan ? p->n_entries : flight_at(e, 0)->n_entries));
-    if (e->draws)
-        cllm_model_drop_launched(e->model);
-    bool sticks = rc == CLLM_ERR_DEVICE && e->be->iface->sync(e->be) != CLLM_OK;
-    /* Under --device auto a GPU that fails a step -- lost, or a kernel that fails on this
-     * batch -- is not given the next one: its requests go on on the CPU. */
-    if (rc == CLLM_ERR_DEVICE && e->cfg.backend == CLLM_BACKEND_AUTO && on_gpu(e) &&
-        move_to_cpu(e, rc))
-        return;
-    if (rc == CLLM_ERR_NOMEM && smaller_steps(e))
-        return;
-    /* The loss is recorded before any request ends with it: a client that gets the error and
-     * asks /health at once must see the device lost, not "ok". */
-    char lost[sizeof e->lost];
-    if (sticks) {
-        snprintf(lost, sizeof lost,
-                 "the %s device failed (%s) and cannot run requests any more: restart the server",
-                 e->be->iface->name, cllm_status_str(rc));
-        cllm_log(CLLM_LOG_ERROR, "engine: %s", lost);
-        pthread_mutex_lock(&e->lock);
-        memcpy(e->lost, lost, sizeof lost);
-        pthread_mutex_unlock(&e->lock);
-    }
-    if (plan)
-        fail_entries(e, p->entries, p->n_entries, msg);
-    while (e->n_flights > 0) {
-        fail_entries(e, flight_at(e, 0)->entries, flight_at(e, 0)->n_entries, msg);
-        pop_flight(e);
-    }
-    if (sticks)
-        fail_all(e, lost);
+        cllm_engine_finish(e, s->waiting[s->wait_head], CLLM_FINISH_ERROR, msg);
 }
 
 /* Plans the next step and launches it. Then each request it samples gets a placeholder for
@@ -735,7 +312,7 @@ static bool launch_next(struct cllm_engine *e)
         e->draws ? cllm_model_launch_sample(e->model, &e->kv, &st, f->rows, e->counts, f->sampled)
                  : cllm_model_forward(e->model, &e->kv, &st, &f->logits);
     if (rc) {
-        step_failed(e, rc, true);
+        cllm_engine_step_failed(e, rc, true);
         return false;
     }
     memcpy(f->entries, p->entries, (size_t)p->n_entries * sizeof f->entries[0]);
@@ -750,7 +327,7 @@ static bool launch_next(struct cllm_engine *e)
             continue;
         int32_t i = out++;
         if (cllm_request_append(r, -1) != CLLM_OK) {
-            finish(e, r, CLLM_FINISH_ERROR, "out of memory while sampling");
+            cllm_engine_finish(e, r, CLLM_FINISH_ERROR, "out of memory while sampling");
             continue;
         }
         f->tok_index[j] = r->n_tokens - 1;
@@ -846,7 +423,7 @@ static void finish_oldest(struct cllm_engine *e)
     enum cllm_status rc =
         e->draws ? cllm_model_wait_sample(e->model, f->rows, f->sampled, &logits) : CLLM_OK;
     if (rc) {
-        step_failed(e, rc, false);
+        cllm_engine_step_failed(e, rc, false);
         return;
     }
     /* The host's draws first, all together; the loop below takes their tokens in order. */
@@ -878,7 +455,7 @@ static void finish_oldest(struct cllm_engine *e)
          * recorded it already) */
         const bool drawn_by_model = e->draws && f->rows[i].temperature >= 0.0f;
         if (token < 0 || (drawn_by_model && cllm_sampler_accept(r->sampler, token) != CLLM_OK)) {
-            finish(e, r, CLLM_FINISH_ERROR, "out of memory while sampling");
+            cllm_engine_finish(e, r, CLLM_FINISH_ERROR, "out of memory while sampling");
             continue;
         }
         r->tokens[idx] = token;
@@ -901,7 +478,7 @@ static void finish_oldest(struct cllm_engine *e)
     e->stats.prompt_tokens += (uint64_t)n_prompt_tokens;
     e->stats.generated_tokens += (uint64_t)n_generated;
     pthread_mutex_unlock(&e->lock);
-    grow_steps_back(e);
+    cllm_engine_grow_steps_back(e);
 }
 
 /* One turn of the engine: launch the next step (while the last one runs, with run-ahead),
@@ -956,7 +533,7 @@ static void *engine_main(void *arg)
         if (stop)
             break;
         if (e->lost[0]) { /* (only this thread writes it) */
-            fail_all(e, e->lost);
+            cllm_engine_fail_all(e, e->lost);
             continue;
         }
         drop_finished(e);
@@ -969,42 +546,16 @@ static void *engine_main(void *arg)
     deliver_pending(e);
     drop_finished(e);
     while (e->sched.n_running > 0)
-        finish(e, e->sched.running[0], CLLM_FINISH_CANCELLED, "the server is shutting down");
+        cllm_engine_finish(e, e->sched.running[0], CLLM_FINISH_CANCELLED,
+                           "the server is shutting down");
     while (e->sched.n_waiting > 0)
-        finish(e, e->sched.waiting[e->sched.wait_head], CLLM_FINISH_CANCELLED,
-               "the server is shutting down");
+        cllm_engine_finish(e, e->sched.waiting[e->sched.wait_head], CLLM_FINISH_CANCELLED,
+                           "the server is shutting down");
     publish_stats(e);
     return NULL;
 }
 
 /* --- setup --- */
-
-/* On a device that reports its memory: the KV cache takes what the --gpu-mem-fraction share
- * of the device leaves after the weights, activations and everyone else's use, less a
- * reserve for the BLAS workspace and recorded steps. 0 when the backend reports nothing. */
-#define DEVICE_RESERVE_BYTES ((int64_t)512 << 20)
-static enum cllm_status device_kv_bytes(struct cllm_engine *e, int64_t *out, char *err,
-                                        size_t err_len)
-{
-    *out = 0;
-    const struct cllm_backend_iface *be = e->be->iface;
-    size_t free_b = 0, total_b = 0;
-    if (!be->mem_info)
-        return CLLM_OK;
-    enum cllm_status st = be->mem_info(e->be, &free_b, &total_b);
-    if (st)
-        return cllm_fail(err, err_len, st, "cannot read the device's free memory");
-    double frac = e->cfg.gpu_mem_fraction > 0.0 ? e->cfg.gpu_mem_fraction : 0.9;
-    int64_t used = (int64_t)total_b - (int64_t)free_b;
-    int64_t budget = (int64_t)((double)total_b * frac) - used - DEVICE_RESERVE_BYTES;
-    if (budget <= 0)
-        return cllm_fail(err, err_len, CLLM_ERR_NOMEM,
-                         "no device memory left for the KV cache: %.0f of %.0f MiB in use, "
-                         "--gpu-mem-fraction %.2f",
-                         (double)used / (1 << 20), (double)total_b / (1 << 20), frac);
-    *out = budget;
-    return CLLM_OK;
-}
 
 /* Frees whatever of the engine exists (after the thread has stopped, or before it started). */
 static void release(struct cllm_engine *e)
@@ -1027,38 +578,6 @@ static void release(struct cllm_engine *e)
     pthread_mutex_destroy(&e->lock);
     pthread_cond_destroy(&e->wake);
     free(e);
-}
-
-/* The backend and the model on it. A GPU's logits are checked against the CPU's first
- * (device_check.h): under CLLM_BACKEND_AUTO a GPU that fails gives way to the CPU (an answer
- * late beats a wrong one); asked for by name, it is an error. */
-static enum cllm_status load_model(struct cllm_engine *e, char *err, size_t err_len)
-{
-    const struct cllm_engine_config *cfg = &e->cfg;
-    enum cllm_status st = init_model_on(e, cfg->backend, err, err_len);
-    if (st || cfg->no_device_check || !on_gpu(e))
-        return st;
-    const char *name = e->be->iface->name;
-    struct cllm_agreement r;
-    char why[512] = "";
-    st = cllm_device_check(e->model, name, cfg->max_seqs, e->mf, cfg->n_threads, &r, why,
-                           sizeof why);
-    if (st == CLLM_OK)
-        return CLLM_OK;
-    if (st != CLLM_ERR_DEVICE) {
-        cllm_log(CLLM_LOG_WARN, "device check could not run (%s): serving from %s unchecked", why,
-                 name);
-        return CLLM_OK;
-    }
-    if (cfg->backend != CLLM_BACKEND_AUTO)
-        return cllm_fail(err, err_len, st, "%s (--no-device-check serves from it anyway)", why);
-    cllm_log(CLLM_LOG_ERROR, "%s: running on the CPU instead", why);
-    snprintf(e->fallback, sizeof e->fallback, "%s", why); /* (before the thread starts) */
-    cllm_model_free(e->model);
-    cllm_backend_free(e->be);
-    e->model = NULL;
-    e->be = NULL;
-    return init_model_on(e, CLLM_BACKEND_CPU, err, err_len);
 }
 
 enum cllm_status cllm_engine_new(struct cllm_engine **out, const struct cllm_model_files *mf,
@@ -1087,16 +606,16 @@ enum cllm_status cllm_engine_new(struct cllm_engine **out, const struct cllm_mod
     pthread_mutex_init(&e->lock, NULL);
     pthread_cond_init(&e->wake, NULL);
     enum cllm_status st;
-    if ((st = load_model(e, err, err_len)))
+    if ((st = cllm_engine_load_model(e, err, err_len)))
         goto fail;
     int64_t per_token = (int64_t)cllm_model_kv_bytes_per_token(e->model);
     e->n_ctx = cfg->n_ctx ? cfg->n_ctx : mf->hp.n_ctx_train;
     if (e->n_ctx > mf->hp.n_ctx_train)
         e->n_ctx = mf->hp.n_ctx_train;
     int64_t kv_bytes = cfg->kv_bytes;
-    if (!kv_bytes && (st = device_kv_bytes(e, &kv_bytes, err, err_len)))
+    if (!kv_bytes && (st = cllm_engine_device_kv_bytes(e, &kv_bytes, err, err_len)))
         goto fail;
-    int64_t n_blocks = cache_blocks(e, kv_bytes);
+    int64_t n_blocks = cllm_engine_cache_blocks(e, kv_bytes);
     if (!cfg->kv_bytes && n_blocks < 2)
         n_blocks = 2; /* the smallest cache the scheduler works with */
     if (n_blocks < 2 || n_blocks > INT32_MAX / cfg->block_size) {
@@ -1147,7 +666,7 @@ enum cllm_status cllm_engine_new(struct cllm_engine **out, const struct cllm_mod
         st = cllm_fail(err, err_len, CLLM_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    set_step_modes(e);
+    cllm_engine_set_step_modes(e);
     if (cfg->max_seqs > 1 && !lends_threads(e->be)) {
         /* a GPU lends no host threads; without its own the engine draws alone (slower) */
         int32_t n = cfg->n_threads > 0 ? cfg->n_threads : cllm_cpu_physical_cores();
@@ -1155,7 +674,7 @@ enum cllm_status cllm_engine_new(struct cllm_engine **out, const struct cllm_mod
             cllm_log(CLLM_LOG_WARN, "engine: no threads for host draws; the engine draws alone");
     }
     e->backend_name = e->be->iface->name;
-    e->stall_s = stall_limit(e);
+    e->stall_s = cllm_engine_stall_limit(e);
     e->stats.kv_blocks_total = (int32_t)n_blocks;
     e->stats.block_size = cfg->block_size;
     e->stats.n_ctx = e->n_ctx;
@@ -1189,158 +708,4 @@ void cllm_engine_free(struct cllm_engine *e)
     pthread_mutex_unlock(&e->lock);
     pthread_join(e->thread, NULL);
     release(e);
-}
-
-/* Under lock: the seconds the current turn has run if that is past the stall timeout, else 0. */
-static double stalled_for(const struct cllm_engine *e, double now)
-{
-    const double busy = e->turn_started > 0 ? now - e->turn_started : 0;
-    return e->stall_s > 0 && busy > e->stall_s ? busy : 0;
-}
-
-/* Under lock: why the engine counts as stalled, for logs and clients. */
-static void describe_stall(const struct cllm_engine *e, double busy, char *why, size_t why_len)
-{
-    snprintf(why, why_len,
-             "the engine has waited %.1f s for one step on the %s device (stall timeout %g s): "
-             "the device does not answer",
-             busy, e->backend_name, e->stall_s);
-}
-
-enum cllm_status cllm_engine_submit(struct cllm_engine *e, const int32_t *prompt, int32_t n_prompt,
-                                    const struct cllm_request_params *p, struct cllm_request **out,
-                                    char *err, size_t err_len)
-{
-    *out = NULL;
-    char lost[256];
-    pthread_mutex_lock(&e->lock);
-    bool full = e->stats.waiting + e->n_incoming >= e->cfg.max_queue;
-    uint64_t id = ++e->next_id;
-    _Static_assert(sizeof lost >= sizeof e->lost, "room for the loss");
-    memcpy(lost, e->lost, sizeof e->lost);
-    const double stalled = lost[0] ? 0 : stalled_for(e, cllm_now());
-    if (stalled > 0) /* a request queued now would wait as long as the device does */
-        describe_stall(e, stalled, lost, sizeof lost);
-    pthread_mutex_unlock(&e->lock);
-    if (lost[0])
-        return cllm_fail(err, err_len, CLLM_ERR_DEVICE, "%s", lost);
-    if (full)
-        return cllm_fail(err, err_len, CLLM_ERR_BUSY, "the queue is full (%d requests waiting)",
-                         (int)e->cfg.max_queue);
-    struct cllm_request *r;
-    enum cllm_status st = cllm_request_new(&r, id, prompt, n_prompt, p, e->mf->tok, e->n_vocab,
-                                           e->n_ctx, err, err_len);
-    if (st)
-        return st;
-    cllm_request_retain(r); /* one for the engine's queue, one for the caller */
-    pthread_mutex_lock(&e->lock);
-    if (e->stop) {
-        pthread_mutex_unlock(&e->lock);
-        cllm_request_release(r);
-        cllm_request_release(r);
-        return cllm_fail(err, err_len, CLLM_ERR_BUSY, "the engine is shutting down");
-    }
-    if (e->incoming_tail)
-        e->incoming_tail->next = r;
-    else
-        e->incoming_head = r;
-    e->incoming_tail = r;
-    e->n_incoming++;
-    pthread_cond_signal(&e->wake);
-    pthread_mutex_unlock(&e->lock);
-    *out = r;
-    return CLLM_OK;
-}
-
-bool cllm_engine_stalled(struct cllm_engine *e, char *why, size_t why_len)
-{
-    pthread_mutex_lock(&e->lock);
-    const double busy = stalled_for(e, cllm_now());
-    if (busy > 0 && why_len)
-        describe_stall(e, busy, why, why_len);
-    pthread_mutex_unlock(&e->lock);
-    return busy > 0;
-}
-
-/* Whether the reason `field` (one of e's strings under lock) is set; why gets a copy. */
-static bool read_reason(struct cllm_engine *e, const char *field, char *why, size_t why_len)
-{
-    pthread_mutex_lock(&e->lock);
-    const bool set = field[0] != 0;
-    if (set && why_len)
-        snprintf(why, why_len, "%s", field);
-    pthread_mutex_unlock(&e->lock);
-    return set;
-}
-
-bool cllm_engine_fallback(struct cllm_engine *e, char *why, size_t why_len)
-{
-    return read_reason(e, e->fallback, why, why_len);
-}
-
-bool cllm_engine_degraded(struct cllm_engine *e, char *why, size_t why_len)
-{
-    pthread_mutex_lock(&e->lock);
-    const int32_t tokens = e->stats.step_tokens, seqs = e->stats.step_seqs;
-    const int64_t unrecorded = e->stats.unrecorded_steps;
-    pthread_mutex_unlock(&e->lock);
-    const bool smaller = tokens < e->cfg.max_batch_tokens || seqs < e->cfg.max_seqs;
-    if (!smaller && unrecorded <= 0)
-        return false;
-    if (why_len) {
-        int n = 0;
-        if (smaller)
-            n = snprintf(why, why_len,
-                         "the device ran short of memory: a step's limits are %d tokens, %d "
-                         "sequences (configured: %d, %d) until they grow back",
-                         (int)tokens, (int)seqs, (int)e->cfg.max_batch_tokens,
-                         (int)e->cfg.max_seqs);
-        if (unrecorded > 0 && n >= 0 && (size_t)n < why_len)
-            snprintf(why + n, why_len - (size_t)n,
-                     "%sno room on the device to record a step's graph: the next %lld steps run "
-                     "op by op",
-                     n ? "; " : "", (long long)unrecorded);
-    }
-    return true;
-}
-
-bool cllm_engine_lost(struct cllm_engine *e, char *why, size_t why_len)
-{
-    return read_reason(e, e->lost, why, why_len);
-}
-
-bool cllm_engine_queue_full(struct cllm_engine *e)
-{
-    pthread_mutex_lock(&e->lock);
-    bool full = e->stats.waiting + e->n_incoming >= e->cfg.max_queue;
-    pthread_mutex_unlock(&e->lock);
-    return full;
-}
-
-void cllm_engine_stats(struct cllm_engine *e, struct cllm_engine_stats *s)
-{
-    pthread_mutex_lock(&e->lock);
-    *s = e->stats;
-    const double now = cllm_now();
-    s->turn_seconds = e->turn_started > 0 ? now - e->turn_started : 0;
-    s->stalled = stalled_for(e, now) > 0;
-    pthread_mutex_unlock(&e->lock);
-}
-
-int32_t cllm_engine_n_ctx(const struct cllm_engine *e)
-{
-    return e->n_ctx;
-}
-
-int32_t cllm_engine_max_seqs(const struct cllm_engine *e)
-{
-    return e->cfg.max_seqs;
-}
-
-const char *cllm_engine_backend_name(struct cllm_engine *e)
-{
-    pthread_mutex_lock(&e->lock);
-    const char *name = e->backend_name;
-    pthread_mutex_unlock(&e->lock);
-    return name;
 }

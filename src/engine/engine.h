@@ -116,7 +116,7 @@ int32_t cllm_engine_n_ctx(const struct cllm_engine *e);
 /* The most sequences one step takes (the config's max_seqs after its defaults and limits). */
 int32_t cllm_engine_max_seqs(const struct cllm_engine *e);
 /* The backend it runs on: a static string ("cpu", "cuda"); under --device auto it turns to
- * "cpu" if the GPU is lost (engine.c, move_to_cpu). */
+ * "cpu" if the GPU is lost (engine_device.c, move_to_cpu). */
 const char *cllm_engine_backend_name(struct cllm_engine *e);
 
 #endif

@@ -327,7 +327,7 @@ static void test_penalties(void)
 
 /* A device short of memory for a step: here the emulator refuses the draw's buffers for two
  * rows or more (they grow with a step's sampled rows, as on a GPU), so every step of more
- * than one sequence fails as out of memory. The engine goes on in smaller steps (engine.c:
+ * than one sequence fails as out of memory. The engine goes on in smaller steps (engine_device.c:
  * smaller_steps) down to one sequence, and every answer, greedy and seeded, is the one given
  * alone; then, with room again, the next batch too. Then short of memory for the recorded
  * steps' graphs only: the same answers, in steps as large as configured. */

@@ -867,7 +867,7 @@ def test_device_short_of_memory():
     """A device with no room for steps of more than 2 tokens (CLLM_FAULT_NOMEM_TOKENS while the
     fault file exists; on any device): a greedy /predict list is answered, 200, with the text
     it had before the fault, the health check stays ok but says it is degraded, and /metrics
-    shows the smaller steps the engine went on in (engine.c, smaller_steps: 2 tokens and 1
+    shows the smaller steps the engine went on in (engine_device.c, smaller_steps: 2 tokens and 1
     sequence)."""
     trigger = os.path.join(tempfile.mkdtemp(prefix="cllm-nomem-"), "nomem")
     srv = Server("--max-seqs", "4",
