@@ -13,6 +13,10 @@
  * Every op only queues work on the stream, so a whole decode step can be recorded once into a CUDA
  * graph and replayed (graph_begin/graph_end).
  *
+ * This file: memory, weights, start-up and lifetime; the ops and recorded steps are in
+ * backend_cuda_ops.cu, sampling in backend_cuda_draw.cu, the state they share in
+ * backend_cuda_internal.h.
+ *
  * Errors: every CUDA and cuBLAS call is checked; a failure is logged with the call that made
  * it and becomes CLLM_ERR_DEVICE (CLLM_ERR_NOMEM when memory ran out), never an abort.
  */
@@ -26,152 +30,21 @@
 #include <unistd.h>
 
 #include "backend/cuda/backend_cuda.h"
-#include "backend/cuda/blas.h"
+#include "backend/cuda/backend_cuda_internal.h"
 #include "backend/cuda/gemm.h"
-#include "backend/cuda/kernels.h"
-#include "backend/cuda/sample.h"
 
 extern "C" {
-#include "core/alloc.h"
 #include "core/f16.h"
-#include "core/log.h"
-#include "core/status.h"
 #include "tensor/convert.h"
 #include "tensor/dtype.h"
 }
 
 #define BLAS_WORKSPACE_BYTES ((size_t)32 << 20)
 #define STAGING_BYTES ((size_t)16 << 20) /* pinned buffer weights are converted through */
-#define MAX_GRAPHS 256
 
 bool cllm_cuda_pdl = false; /* vendor.h */
 
-struct graph_entry {
-    uint64_t key;
-    cudaGraphExec_t exec;
-};
-
-/* One device draw of tokens (cu_sample), queued until its wait. */
-struct draw {
-    int32_t *tokens_dev, *tokens_host; /* tokens_host is pinned */
-    cudaEvent_t done;                  /* recorded when tokens_host is written */
-    int32_t *dst;                      /* the caller's array its wait fills */
-    int32_t n, vocab;
-    bool delivered;          /* dst written already (the buffers grew under it) ... */
-    enum cllm_status status; /* ... with this outcome */
-    /* pinned staging of the draw's penalty counts: a pageable upload of ~1 MB could make the
-     * host wait for the queued step (no run-ahead); the slot is free, so nothing reads it */
-    struct cllm_token_count *counts_host;
-    size_t counts_cap;
-};
-
-struct cuda {
-    struct cllm_backend be;
-    struct cllm_backend_iface iface; /* cuda_iface, less the recordings where they are off */
-    int device;
-    cudaStream_t stream;
-    struct cllm_blas blas_api; /* bound at start-up (blas.h) */
-    cublasHandle_t blas;       /* NULL without the library */
-    void *blas_workspace;
-    bool cublas_only;    /* every GEMM through the BLAS (not batch-invariant): CLLM_CUBLAS=1, or a
-                            build without MMA */
-    bool attention_simt; /* CLLM_ATTN_SIMT=1: the CUDA-core attention kernel (comparison) */
-    bool probing_blas;   /* the start-up probe is running */
-    bool blas_bf16_out;  /* the BLAS writes GEMMs in BF16 only (the start-up probe found) ... */
-    void *blas_out;      /* ... into this, widened to F32 after */
-    size_t blas_out_size;
-    void *gemm_scratch; /* slices of the tiled GEMM run in parallel through this (gemm.h) */
-    size_t gemm_scratch_size;
-    size_t gemm_scratch_wanted; /* what a recording needed and could not grow to */
-    size_t gemm_scratch_refused; /* the smallest size cudaMalloc refused (0: none) */
-    void *staging; /* pinned, STAGING_BYTES */
-    /* device sampling: up to two draws queued, each in its own slot, oldest first */
-    struct cllm_sample_row *rows_dev;
-    struct draw draws[2];
-    int32_t n_draws, draw_head, last_draw; /* last_draw: slot of the newest draw, -1: none */
-    int32_t sample_cap;
-    void *sample_scratch;
-    size_t sample_scratch_size;
-    void *counts_dev; /* the penalties' token counts of the newest draw */
-    size_t counts_size;
-    /* RoPE frequencies of the last (theta, head_dim) asked for */
-    struct cllm_cuda_rope_freqs freqs;
-    float freqs_theta;
-    int32_t freqs_head_dim;
-    /* recorded steps */
-    struct graph_entry graphs[MAX_GRAPHS];
-    int n_graphs;
-    bool capturing;
-    unsigned tune_what; /* the GEMM choices tune_matmul may make (gemm.h); 0: none */
-};
-
-static struct cuda *cuda_of(struct cllm_backend *be)
-{
-    return (struct cuda *)be->ctx;
-}
-
-/* Turns a CUDA result into a status, logging what failed. The runtime also keeps a failed
- * call's error as its last error, which the next op's launch check (cudaGetLastError) would
- * report as that op's own failure (a graph that found no room to be instantiated failed the
- * op-by-op step run instead): once reported here it is taken back. An error that sticks (an
- * illegal address) is not lost by this: every later call returns it. */
-static enum cllm_status check_cuda(cudaError_t e, const char *what)
-{
-    if (e == cudaSuccess)
-        return CLLM_OK;
-    (void)cudaGetLastError();
-    cllm_log(CLLM_LOG_ERROR, "cuda: %s failed: %s", what, cudaGetErrorString(e));
-    return e == cudaErrorMemoryAllocation ? CLLM_ERR_NOMEM : CLLM_ERR_DEVICE;
-}
-
-/* The same for the BLAS; a failure the start-up probe tries for is only worth an info line. */
-static enum cllm_status check_blas(const struct cuda *c, cublasStatus_t s, const char *what)
-{
-    if (s == CUBLAS_STATUS_SUCCESS)
-        return CLLM_OK;
-    char text[32];
-    cllm_log(c->probing_blas ? CLLM_LOG_INFO : CLLM_LOG_ERROR, "cuda: %s failed: %s", what,
-             cllm_blas_status(&c->blas_api, s, text, sizeof text));
-    return s == CUBLAS_STATUS_ALLOC_FAILED ? CLLM_ERR_NOMEM : CLLM_ERR_DEVICE;
-}
-
-/* The engine thread is not the thread that opened the device: make it current first. */
-static enum cllm_status use_device(struct cuda *c)
-{
-    return check_cuda(cudaSetDevice(c->device), "cudaSetDevice");
-}
-
-#define TRY(call)                                                                                  \
-    do {                                                                                           \
-        enum cllm_status st_ = (call);                                                             \
-        if (st_)                                                                                   \
-            return st_;                                                                            \
-    } while (0)
-
 /* --- memory --- */
-
-/* cudaMalloc and cudaMallocHost, whose refusal the caller handles: the runtime also keeps a
- * failed allocation as its last error, which the next op's launch check (cudaGetLastError)
- * would report as that op's own failure, so it is taken back here. */
-static cudaError_t device_alloc(void **p, size_t bytes)
-{
-    cudaError_t e = cudaMalloc(p, bytes);
-    if (e != cudaSuccess) {
-        *p = NULL;
-        (void)cudaGetLastError();
-    }
-    return e;
-}
-
-static cudaError_t pinned_alloc(void **p, size_t bytes)
-{
-    cudaError_t e = cudaMallocHost(p, bytes);
-    if (e != cudaSuccess) {
-        *p = NULL;
-        (void)cudaGetLastError();
-    }
-    return e;
-}
 
 static enum cllm_status cu_alloc(struct cllm_backend *be, size_t bytes, void **out)
 {
@@ -339,646 +212,6 @@ static void cu_weight_free(struct cllm_backend *be, struct cllm_weight *w)
     memset(w, 0, sizeof *w);
 }
 
-/* --- ops --- */
-
-static enum cllm_status cu_embed(struct cllm_backend *be, const struct cllm_weight *embd,
-                                 const int32_t *tokens, int32_t n, float *out)
-{
-    struct cuda *c = cuda_of(be);
-    if (embd->dtype != CLLM_DTYPE_BF16)
-        return CLLM_ERR_INVALID_ARG;
-    return check_cuda(cllm_cuda_embed((const __nv_bfloat16 *)embd->data, embd->ne[1],
-                                      (int32_t)embd->ne[0], tokens, n, out, c->stream),
-                      "embed");
-}
-
-static enum cllm_status cu_rmsnorm(struct cllm_backend *be, const float *x,
-                                   const struct cllm_weight *w, float eps, int32_t n, int32_t dim,
-                                   void *out)
-{
-    struct cuda *c = cuda_of(be);
-    return check_cuda(cllm_cuda_rmsnorm(NULL, x, (const float *)w->data, eps, n, dim,
-                                        (__nv_bfloat16 *)out, c->stream),
-                      "rmsnorm");
-}
-
-static enum cllm_status cu_add_rmsnorm(struct cllm_backend *be, float *res, const float *x,
-                                       const struct cllm_weight *w, float eps, int32_t n,
-                                       int32_t dim, void *out)
-{
-    struct cuda *c = cuda_of(be);
-    return check_cuda(cllm_cuda_rmsnorm(res, x, (const float *)w->data, eps, n, dim,
-                                        (__nv_bfloat16 *)out, c->stream),
-                      "add_rmsnorm");
-}
-
-static void drop_graphs(struct cuda *c);
-
-/* Replaces the device buffer *p of *size bytes by one of `bytes` (its contents are not kept;
- * if cudaMalloc fails, by none). */
-static cudaError_t replace_device_buffer(void **p, size_t *size, size_t bytes)
-{
-    cudaFree(*p);
-    *p = NULL;
-    *size = 0;
-    cudaError_t e = device_alloc(p, bytes);
-    if (e == cudaSuccess)
-        *size = bytes;
-    return e;
-}
-
-/* Replaces the device buffer *p of *size bytes by one of need bytes if it is smaller. */
-static enum cllm_status grow_device_buffer(void **p, size_t *size, size_t need, const char *what)
-{
-    return need <= *size ? CLLM_OK : check_cuda(replace_device_buffer(p, size, need), what);
-}
-
-/* Grows a device buffer recorded steps point into: outside recordings only (a recording may
- * not allocate; while recording the buffer stays as it is and the caller copes with it).
- * Recorded steps hold the old pointer, so they are dropped and recorded again. */
-static enum cllm_status grow_unrecorded(struct cuda *c, void **p, size_t *size, size_t need,
-                                        const char *what)
-{
-    if (need <= *size || c->capturing)
-        return CLLM_OK;
-    TRY(check_cuda(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize"));
-    drop_graphs(c);
-    return grow_device_buffer(p, size, need, what);
-}
-
-/* A new GEMM scratch's counts zeroed (gemm.h), on the stream its GEMMs run on. */
-static enum cllm_status zero_gemm_counts(struct cuda *c)
-{
-    const size_t n = c->gemm_scratch_size < CLLM_CUDA_GEMM_COUNT_BYTES ? c->gemm_scratch_size
-                                                                       : CLLM_CUDA_GEMM_COUNT_BYTES;
-    return c->gemm_scratch ? check_cuda(cudaMemsetAsync(c->gemm_scratch, 0, n, c->stream),
-                                        "cudaMemsetAsync (GEMM scratch)")
-                           : CLLM_OK;
-}
-
-/* The GEMM's scratch: short of it the GEMM computes the same bits with fewer blocks. A
- * recording cannot grow it, so it notes the need: the next graph_begin grows the scratch and
- * drops the recordings, and the step is recorded again with its parallel slices (measured on
- * an H200: a 1536 x 8960 GEMM over 192 tokens took 488 us without them). */
-static enum cllm_status grow_gemm_scratch(struct cuda *c, size_t need)
-{
-    if (c->gemm_scratch_refused && need >= c->gemm_scratch_refused)
-        return CLLM_OK; /* tried: the device had no room for it */
-    if (c->capturing && need > c->gemm_scratch_size && need > c->gemm_scratch_wanted)
-        c->gemm_scratch_wanted = need;
-    const size_t before = c->gemm_scratch_size; /* (a new buffer may reuse the old address) */
-    enum cllm_status st = grow_unrecorded(c, &c->gemm_scratch, &c->gemm_scratch_size, need,
-                                          "cudaMalloc (GEMM scratch)");
-    if (st == CLLM_OK && c->gemm_scratch_size != before)
-        return zero_gemm_counts(c);
-    if (st != CLLM_ERR_NOMEM)
-        return st;
-    /* Out of memory (the KV pool took what was free): the same sums in fewer blocks, and no
-     * second try at this size, which would cost a sync and the recordings every time. */
-    c->gemm_scratch_refused = need;
-    cllm_log(CLLM_LOG_WARN,
-             "cuda: no room for %zu bytes of GEMM scratch: its slices run one after the other",
-             need);
-    return CLLM_OK;
-}
-
-/* y[t][0..N) = W x_t (+ bias) through the BLAS: W [N][K] and x [n][K] BF16. Column-major,
- * Y^T [N x n] = W [K x N]^T * X^T [K x n]. In F32, or where the BLAS writes BF16 only, in
- * BF16 through c->blas_out (a recording short of it fails, and the model runs its steps
- * unrecorded) and widened. */
-static enum cllm_status blas_matmul(struct cuda *c, const void *w, int32_t K, int32_t N,
-                                    const void *x, int32_t n, const float *bias, float *y,
-                                    int32_t ldy)
-{
-    const float alpha = 1.0f, beta = 0.0f;
-    const bool bf16 = c->blas_bf16_out;
-    if (bf16) {
-        size_t need = (size_t)n * (size_t)N * 2;
-        TRY(grow_unrecorded(c, &c->blas_out, &c->blas_out_size, need, "cudaMalloc (BLAS output)"));
-        if (need > c->blas_out_size)
-            return CLLM_ERR_UNSUPPORTED;
-    }
-    TRY(check_blas(c,
-                   c->blas_api.gemm_ex(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &alpha, w,
-                                       CUDA_R_16BF, K, x, CUDA_R_16BF, K, &beta,
-                                       bf16 ? c->blas_out : (void *)y,
-                                       bf16 ? CUDA_R_16BF : CUDA_R_32F, bf16 ? N : ldy,
-                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                   "cublasGemmEx"));
-    if (bf16)
-        return check_cuda(cllm_cuda_widen_bias((const __nv_bfloat16 *)c->blas_out, N, y, ldy, bias,
-                                               n, N, c->stream),
-                          "widen_bias");
-    return bias ? check_cuda(cllm_cuda_add_bias(y, ldy, bias, n, N, c->stream), "add_bias")
-                : CLLM_OK;
-}
-
-static enum cllm_status cu_matmul(struct cllm_backend *be, const struct cllm_weight *w,
-                                  const struct cllm_weight *bias, const void *x, int32_t n,
-                                  float *y, int32_t ldy)
-{
-    struct cuda *c = cuda_of(be);
-    if (w->dtype != CLLM_DTYPE_BF16 || w->ne[0] > INT32_MAX || w->ne[1] > INT32_MAX ||
-        ldy < w->ne[1])
-        return CLLM_ERR_INVALID_ARG;
-    if (n <= 0)
-        return CLLM_OK;
-    int K = (int)w->ne[0], N = (int)w->ne[1];
-    const float *b = bias ? (const float *)bias->data : NULL;
-    if (!c->cublas_only && cllm_cuda_gemm_supported(w->data, x, K)) {
-        TRY(grow_gemm_scratch(c, cllm_cuda_gemm_scratch_bytes(N, K, n, false)));
-        return check_cuda(cllm_cuda_gemm((const __nv_bfloat16 *)w->data, b, N, K,
-                                         (const __nv_bfloat16 *)x, n, y, ldy, c->gemm_scratch,
-                                         c->gemm_scratch_size, c->stream),
-                          "gemm");
-    }
-    if (!c->blas) {
-        cllm_log(CLLM_LOG_ERROR,
-                 "cuda: a %dx%d GEMM our kernel cannot take needs cuBLAS, which "
-                 "could not be loaded",
-                 N, K);
-        return CLLM_ERR_UNSUPPORTED;
-    }
-    return blas_matmul(c, w->data, K, N, x, n, b, y, ldy);
-}
-
-/* The GEMM's form of a norm the op applies itself (struct cllm_norm_in), or false where the
- * GEMM cannot take it for this step (then the op is unsupported: the model normalizes first). */
-static bool gemm_norm(const struct cllm_norm_in *norm, int32_t n, int32_t K,
-                      struct cllm_cuda_norm_in *out)
-{
-    if (!norm || norm->g->dtype != CLLM_DTYPE_F32 || norm->g->ne[0] != K)
-        return false;
-    out->res = norm->res, out->add = norm->add, out->g = (const float *)norm->g->data;
-    out->eps = norm->eps, out->res_out = norm->out;
-    return cllm_cuda_gemm_norm_supported(out, n, K);
-}
-
-static enum cllm_status cu_matmul_gate_up_silu(struct cllm_backend *be, const struct cllm_weight *w,
-                                               const void *x, int32_t n, int32_t dim, void *out,
-                                               const struct cllm_norm_in *norm)
-{
-    struct cuda *c = cuda_of(be);
-    if (w->dtype != CLLM_DTYPE_BF16 || dim <= 0 || w->ne[1] != 2 * (int64_t)dim ||
-        w->ne[0] > INT32_MAX)
-        return CLLM_ERR_INVALID_ARG;
-    int K = (int)w->ne[0];
-    struct cllm_cuda_norm_in nin;
-    if (norm && !gemm_norm(norm, n, K, &nin))
-        return CLLM_ERR_UNSUPPORTED;
-    if (c->cublas_only || !cllm_cuda_gemm_supported(w->data, norm ? w->data : x, K))
-        return CLLM_ERR_UNSUPPORTED;
-    if (n <= 0)
-        return CLLM_OK;
-    TRY(grow_gemm_scratch(c, cllm_cuda_gemm_scratch_bytes(2 * dim, K, n, norm != NULL)));
-    return check_cuda(cllm_cuda_gemm_gate_up_silu((const __nv_bfloat16 *)w->data, dim, K,
-                                                  (const __nv_bfloat16 *)x, n, (__nv_bfloat16 *)out,
-                                                  dim, c->gemm_scratch, c->gemm_scratch_size,
-                                                  norm ? &nin : NULL, c->stream),
-                      "gemm (gate/up + SiLU)");
-}
-
-#define MAX_TUNED_WEIGHTS 128 /* weights of one projection timed in turn, at most */
-
-/* Times our GEMM's ways for the shape of w[0..n_w) (gemm.h) and keeps the fastest per step
- * size. The parallel ways get the scratch they need if the device has it (else they are not
- * timed); the scratch is freed after, so that it is only as large as the chosen ways make it
- * at their first step. */
-static enum cllm_status cu_tune_matmul(struct cllm_backend *be, const struct cllm_weight *const *w,
-                                       int32_t n_w, const void *x, int32_t n_max, void *y,
-                                       int32_t ldy, bool gate_up_silu)
-{
-    struct cuda *c = cuda_of(be);
-    if (n_w < 1 || n_max < 1 || c->capturing)
-        return CLLM_ERR_INVALID_ARG;
-    const __nv_bfloat16 *data[MAX_TUNED_WEIGHTS];
-    n_w = n_w < MAX_TUNED_WEIGHTS ? n_w : MAX_TUNED_WEIGHTS;
-    for (int32_t i = 0; i < n_w; i++) {
-        if (w[i]->dtype != CLLM_DTYPE_BF16 || w[i]->ne[0] != w[0]->ne[0] ||
-            w[i]->ne[1] != w[0]->ne[1] || w[0]->ne[0] > INT32_MAX || w[0]->ne[1] > INT32_MAX)
-            return CLLM_ERR_INVALID_ARG;
-        data[i] = (const __nv_bfloat16 *)w[i]->data;
-    }
-    const int32_t K = (int32_t)w[0]->ne[0], N = (int32_t)w[0]->ne[1];
-    bool ours = !c->cublas_only && c->tune_what;
-    for (int32_t i = 0; i < n_w && ours; i++)
-        ours = cllm_cuda_gemm_supported(data[i], x, K);
-    if (!ours || cllm_cuda_gemm_tuned(N, K, n_max))
-        return CLLM_OK; /* the BLAS chooses for itself; nothing is open; or done before */
-    TRY(use_device(c));
-    TRY(check_cuda(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize"));
-    drop_graphs(c); /* they may point into the scratch */
-    /* short of memory, as much as there is: the parallel ways it cannot hold are not timed */
-    for (size_t want = cllm_cuda_gemm_tune_scratch_bytes(N, K, n_max);
-         want > c->gemm_scratch_size && want >= ((size_t)1 << 20); want /= 2) {
-        if (replace_device_buffer(&c->gemm_scratch, &c->gemm_scratch_size, want) == cudaSuccess)
-            break;
-    }
-    TRY(zero_gemm_counts(c));
-    char report[768];
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    enum cllm_status st =
-        check_cuda(cllm_cuda_gemm_tune(data, n_w, N, K, gate_up_silu, (const __nv_bfloat16 *)x,
-                                       n_max, y, ldy, c->gemm_scratch, c->gemm_scratch_size,
-                                       c->tune_what, c->stream, report, sizeof report),
-                   "GEMM tuning");
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    if (st == CLLM_OK)
-        cllm_log(CLLM_LOG_INFO, "cuda: GEMM %s (tuned in %.0f ms)", report,
-                 (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
-    cudaFree(c->gemm_scratch);
-    c->gemm_scratch = NULL;
-    c->gemm_scratch_size = 0;
-    return st;
-}
-
-static struct cllm_cuda_batch batch_of(const struct cllm_attn_batch *b)
-{
-    struct cllm_cuda_batch d = {b->n_tokens,    b->pos,        b->seq,        b->slot,
-                                b->block_table, b->max_blocks, b->block_size, b->max_len};
-    return d;
-}
-
-/* Checks qkv_rope_store's operands and brings c->freqs to the rope's (theta, head_dim). */
-static enum cllm_status prepare_rope(struct cuda *c, const struct cllm_rope *rope, int32_t ld,
-                                     const struct cllm_weight *bias, int32_t n_head, int32_t n_kv)
-{
-    int32_t hd = rope->head_dim, half = hd / 2;
-    if (hd <= 0 || hd % 2 || half > CLLM_CUDA_MAX_HALF_DIM || n_head < 1 || n_kv < 1 ||
-        ld < (n_head + 2 * n_kv) * hd || (bias && bias->ne[0] != (int64_t)(n_head + 2 * n_kv) * hd))
-        return CLLM_ERR_INVALID_ARG;
-    if (c->freqs_theta != rope->theta || c->freqs_head_dim != hd) {
-        /* exactly cpu/ref.c's frequencies: the host's powf, once per (theta, head_dim) */
-        for (int32_t i = 0; i < half; i++)
-            c->freqs.inv_freq[i] = 1.0f / powf(rope->theta, (float)(2 * i) / (float)hd);
-        c->freqs_theta = rope->theta;
-        c->freqs_head_dim = hd;
-    }
-    return CLLM_OK;
-}
-
-static enum cllm_status cu_qkv_rope_store(struct cllm_backend *be, const struct cllm_rope *rope,
-                                          const struct cllm_attn_batch *b, float *qkv, int32_t ld,
-                                          const struct cllm_weight *bias, int32_t n_head,
-                                          int32_t n_kv, void *k_cache, void *v_cache)
-{
-    struct cuda *c = cuda_of(be);
-    TRY(prepare_rope(c, rope, ld, bias, n_head, n_kv));
-    struct cllm_cuda_batch d = batch_of(b);
-    return check_cuda(cllm_cuda_qkv_rope_store(&d, &c->freqs, qkv, ld,
-                                               bias ? (const float *)bias->data : NULL, n_head,
-                                               n_kv, rope->head_dim, (__nv_bfloat16 *)k_cache,
-                                               (__nv_bfloat16 *)v_cache, c->stream),
-                      "qkv_rope_store");
-}
-
-static enum cllm_status cu_matmul_rope_store(struct cllm_backend *be, const struct cllm_weight *w,
-                                             const void *x, const struct cllm_rope *rope,
-                                             const struct cllm_attn_batch *b, float *qkv,
-                                             int32_t ld, const struct cllm_weight *bias,
-                                             int32_t n_head, int32_t n_kv, void *k_cache,
-                                             void *v_cache, const struct cllm_norm_in *norm)
-{
-    struct cuda *c = cuda_of(be);
-    TRY(prepare_rope(c, rope, ld, bias, n_head, n_kv));
-    if (w->dtype != CLLM_DTYPE_BF16 || w->ne[0] > INT32_MAX ||
-        w->ne[1] != (int64_t)(n_head + 2 * n_kv) * rope->head_dim)
-        return CLLM_ERR_INVALID_ARG;
-    int32_t K = (int32_t)w->ne[0];
-    struct cllm_cuda_norm_in nin;
-    if (c->cublas_only || (norm && !gemm_norm(norm, b->n_tokens, K, &nin)) ||
-        !cllm_cuda_gemm_rope_supported(w->data, norm ? w->data : x, K, b->n_tokens, rope->head_dim))
-        return CLLM_ERR_UNSUPPORTED;
-    struct cllm_cuda_rope_store r;
-    r.pos = b->pos, r.slot = b->slot;
-    r.bias = bias ? (const float *)bias->data : NULL;
-    r.n_head = n_head, r.n_kv = n_kv, r.head_dim = rope->head_dim;
-    r.k_cache = (__nv_bfloat16 *)k_cache, r.v_cache = (__nv_bfloat16 *)v_cache;
-    r.freqs = c->freqs;
-    const int32_t N = (int32_t)w->ne[1];
-    TRY(grow_gemm_scratch(c, cllm_cuda_gemm_scratch_bytes(N, K, b->n_tokens, norm != NULL)));
-    return check_cuda(cllm_cuda_gemm_rope_store((const __nv_bfloat16 *)w->data, K,
-                                                (const __nv_bfloat16 *)x, b->n_tokens, qkv, ld, &r,
-                                                norm ? &nin : NULL, c->gemm_scratch,
-                                                c->gemm_scratch_size, c->stream),
-                      "gemm (QKV, RoPE, KV store)");
-}
-
-static enum cllm_status cu_attention(struct cllm_backend *be, const struct cllm_attn_batch *b,
-                                     const float *q, int32_t ldq, const void *k_cache,
-                                     const void *v_cache, int32_t n_head, int32_t n_kv,
-                                     int32_t head_dim, float scale, void *scratch, void *out)
-{
-    struct cuda *c = cuda_of(be);
-    if (!cllm_cuda_attention_supported(n_head, n_kv, head_dim, c->attention_simt) ||
-        ldq < n_head * head_dim)
-        return CLLM_ERR_INVALID_ARG;
-    struct cllm_cuda_batch d = batch_of(b);
-    return check_cuda(cllm_cuda_attention(&d, q, ldq, (const __nv_bfloat16 *)k_cache,
-                                          (const __nv_bfloat16 *)v_cache, n_head, n_kv, head_dim,
-                                          scale, c->attention_simt, scratch, (__nv_bfloat16 *)out,
-                                          c->stream),
-                      "attention");
-}
-
-static size_t cu_attention_scratch(struct cllm_backend *be, int32_t n_tokens, int32_t n_head,
-                                   int32_t head_dim)
-{
-    (void)be;
-    return cllm_cuda_attention_scratch(n_tokens, n_head, head_dim);
-}
-
-static enum cllm_status cu_silu_mul(struct cllm_backend *be, const float *gate_up, int32_t n,
-                                    int32_t dim, void *out)
-{
-    struct cuda *c = cuda_of(be);
-    return check_cuda(cllm_cuda_silu_mul(gate_up, n, dim, (__nv_bfloat16 *)out, c->stream),
-                      "silu_mul");
-}
-
-static enum cllm_status cu_gather_rows(struct cllm_backend *be, const float *x, const int32_t *idx,
-                                       int32_t n_idx, int32_t dim, float *out)
-{
-    struct cuda *c = cuda_of(be);
-    return check_cuda(cllm_cuda_gather_rows(x, idx, n_idx, dim, out, c->stream), "gather_rows");
-}
-
-/* --- sampling --- */
-
-static void free_sample_buffers(struct cuda *c)
-{
-    cudaFree(c->rows_dev);
-    c->rows_dev = NULL;
-    for (int i = 0; i < 2; i++) {
-        cudaFree(c->draws[i].tokens_dev);
-        cudaFreeHost(c->draws[i].tokens_host);
-        c->draws[i].tokens_dev = c->draws[i].tokens_host = NULL;
-    }
-    c->sample_cap = 0;
-    c->last_draw = -1; /* its tokens are gone */
-}
-
-/* Writes a draw's tokens (on the host by now) to its caller's array. */
-static enum cllm_status deliver_draw(struct draw *d)
-{
-    d->delivered = true;
-    d->status = CLLM_OK;
-    memcpy(d->dst, d->tokens_host, (size_t)d->n * sizeof(int32_t));
-    for (int32_t i = 0; i < d->n; i++)
-        if (d->dst[i] < 0 || d->dst[i] >= d->vocab) {
-            cllm_log(CLLM_LOG_ERROR, "cuda: the sampler returned token %d of %d", (int)d->dst[i],
-                     (int)d->vocab);
-            d->status = CLLM_ERR_DEVICE;
-            break;
-        }
-    return d->status;
-}
-
-/* Waits for the whole stream and writes the tokens of every draw queued; they stay queued
- * (wait_draw still takes them in order) unless `pop`. */
-static enum cllm_status finish_draws(struct cuda *c, bool pop)
-{
-    enum cllm_status st = check_cuda(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize");
-    if (st) {
-        c->n_draws = 0; /* a failed sync leaves the callers' tokens unwritten */
-        return st;
-    }
-    for (int32_t i = 0; i < c->n_draws; i++) {
-        struct draw *d = &c->draws[(c->draw_head + i) % 2];
-        enum cllm_status ds = d->delivered ? d->status : deliver_draw(d);
-        if (!st)
-            st = ds;
-    }
-    if (pop)
-        c->n_draws = 0;
-    return st;
-}
-
-/* Buffers for draws of n rows. Growing them first finishes the draws in flight; the newest
- * draw's tokens are carried over, for the next step to read (resolve_tokens, a penalty's
- * unseen output). */
-static enum cllm_status sample_buffers(struct cuda *c, int32_t n, int32_t n_vocab)
-{
-    if (n > c->sample_cap) {
-        if (c->n_draws > 0 && finish_draws(c, false) != CLLM_OK && c->n_draws == 0)
-            return CLLM_ERR_DEVICE; /* the stream failed: nothing can be queued */
-        const int32_t kept_slot = c->last_draw;
-        int32_t *kept = NULL, kept_n = 0;
-        if (kept_slot >= 0) {
-            kept = c->draws[kept_slot].tokens_dev;
-            kept_n = c->draws[kept_slot].n;
-            c->draws[kept_slot].tokens_dev = NULL;
-        }
-        free_sample_buffers(c);
-        enum cllm_status st =
-            check_cuda(device_alloc((void **)&c->rows_dev, (size_t)n * sizeof *c->rows_dev),
-                       "cudaMalloc (sampling)");
-        for (int i = 0; i < 2 && !st; i++) {
-            struct draw *d = &c->draws[i];
-            st = check_cuda(device_alloc((void **)&d->tokens_dev, (size_t)n * sizeof(int32_t)),
-                            "cudaMalloc (sampling)");
-            if (!st)
-                st = check_cuda(pinned_alloc((void **)&d->tokens_host, (size_t)n * sizeof(int32_t)),
-                                "cudaMallocHost (sampling)");
-            if (!st && !d->done)
-                st = check_cuda(cudaEventCreateWithFlags(&d->done, cudaEventDisableTiming),
-                                "cudaEventCreate (sampling)");
-        }
-        if (!st && kept) {
-            st = check_cuda(cudaMemcpyAsync(c->draws[kept_slot].tokens_dev, kept,
-                                            (size_t)kept_n * sizeof(int32_t),
-                                            cudaMemcpyDeviceToDevice, c->stream),
-                            "copy (sampled tokens)");
-            if (!st)
-                st = check_cuda(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize");
-        }
-        cudaFree(kept);
-        if (st) {
-            free_sample_buffers(c);
-            return st;
-        }
-        c->sample_cap = n;
-        c->last_draw = kept_slot;
-    }
-    return grow_device_buffer(&c->sample_scratch, &c->sample_scratch_size,
-                              cllm_cuda_sample_scratch_bytes(n, n_vocab), "cudaMalloc (sampling)");
-}
-
-/* Where the n counts go up from: the free draw slot d's pinned buffer (grown; a copy made),
- * or the caller's own array when pinned memory runs out. */
-static const void *stage_counts(struct draw *d, const struct cllm_token_count *counts, size_t n)
-{
-    if (n > d->counts_cap) {
-        const size_t cap = cllm_grow_cap(d->counts_cap, n, 16384);
-        cudaFreeHost(d->counts_host);
-        d->counts_host = NULL;
-        d->counts_cap = 0;
-        if (pinned_alloc((void **)&d->counts_host, cap * sizeof *counts) != cudaSuccess)
-            return counts;
-        d->counts_cap = cap;
-    }
-    if (n)
-        memcpy(d->counts_host, counts, n * sizeof *counts);
-    return d->counts_host;
-}
-
-/* The penalties' part of a draw: checks rows against counts and the previous draw, uploads
- * the counts and queues the penalty kernel (nothing when no row has penalties). rows_dev
- * holds rows already. */
-static enum cllm_status queue_penalties(struct cuda *c, float *logits, int32_t n, int32_t n_vocab,
-                                        const struct cllm_sample_row *rows,
-                                        const struct cllm_token_count *counts)
-{
-    int64_t n_counts;
-    int32_t max_unseen;
-    if (!cllm_sample_rows_check(rows, n, counts, &n_counts, &max_unseen))
-        return CLLM_ERR_INVALID_ARG;
-    if (n_counts == 0 && max_unseen == 0)
-        return CLLM_OK; /* no row has penalties */
-    const int32_t *prev = NULL;
-    if (max_unseen > 0) {
-        if (c->last_draw < 0 || max_unseen > c->draws[c->last_draw].n)
-            return CLLM_ERR_INVALID_ARG;
-        prev = c->draws[c->last_draw].tokens_dev;
-    }
-    const size_t bytes = (size_t)n_counts * sizeof *counts;
-    TRY(grow_device_buffer(&c->counts_dev, &c->counts_size, bytes, "cudaMalloc (penalties)"));
-    const void *src = stage_counts(&c->draws[(c->draw_head + c->n_draws) % 2], counts,
-                                   (size_t)n_counts);
-    if (bytes)
-        TRY(check_cuda(cudaMemcpyAsync(c->counts_dev, src, bytes, cudaMemcpyHostToDevice, c->stream),
-                       "upload (penalties)"));
-    return check_cuda(cllm_cuda_penalize(logits, n, n_vocab, c->rows_dev,
-                                         (const struct cllm_token_count *)c->counts_dev, prev,
-                                         c->stream),
-                      "penalties");
-}
-
-static enum cllm_status cu_sample(struct cllm_backend *be, float *logits, int32_t n,
-                                  int32_t n_vocab, const struct cllm_sample_row *rows,
-                                  const struct cllm_token_count *counts, int32_t *tokens)
-{
-    struct cuda *c = cuda_of(be);
-    if (n <= 0)
-        return CLLM_OK;
-    if (c->capturing || n_vocab <= 0 || c->n_draws == 2)
-        return CLLM_ERR_INVALID_ARG;
-    TRY(use_device(c));
-    TRY(sample_buffers(c, n, n_vocab));
-    /* rows_dev is shared: this upload runs after the previous draw's kernel read it */
-    TRY(check_cuda(cudaMemcpyAsync(c->rows_dev, rows, (size_t)n * sizeof *rows,
-                                   cudaMemcpyHostToDevice, c->stream),
-                   "upload (sampling rows)"));
-    TRY(queue_penalties(c, logits, n, n_vocab, rows, counts));
-    const int32_t slot = (c->draw_head + c->n_draws) % 2;
-    struct draw *d = &c->draws[slot];
-    TRY(check_cuda(cllm_cuda_sample(logits, n, n_vocab, c->rows_dev, d->tokens_dev,
-                                    c->sample_scratch, c->sample_scratch_size, c->stream),
-                   "sample"));
-    TRY(check_cuda(cudaMemcpyAsync(d->tokens_host, d->tokens_dev, (size_t)n * sizeof(int32_t),
-                                   cudaMemcpyDeviceToHost, c->stream),
-                   "download (tokens)"));
-    TRY(check_cuda(cudaEventRecord(d->done, c->stream), "cudaEventRecord (tokens)"));
-    d->dst = tokens, d->n = n, d->vocab = n_vocab, d->delivered = false;
-    c->n_draws++;
-    c->last_draw = slot;
-    return CLLM_OK;
-}
-
-static enum cllm_status cu_wait_draw(struct cllm_backend *be)
-{
-    struct cuda *c = cuda_of(be);
-    if (c->n_draws == 0)
-        return CLLM_ERR_INVALID_ARG;
-    TRY(use_device(c));
-    struct draw *d = &c->draws[c->draw_head];
-    if (!d->delivered) {
-        enum cllm_status st =
-            check_cuda(cudaEventSynchronize(d->done), "cudaEventSynchronize (tokens)");
-        if (st) {
-            c->n_draws = 0; /* a failed wait leaves the callers' tokens unwritten */
-            return st;
-        }
-        deliver_draw(d);
-    }
-    c->draw_head = (c->draw_head + 1) % 2;
-    c->n_draws--;
-    return d->status;
-}
-
-static enum cllm_status cu_resolve_tokens(struct cllm_backend *be, int32_t *tokens, int32_t n)
-{
-    struct cuda *c = cuda_of(be);
-    if (c->capturing || c->last_draw < 0)
-        return CLLM_ERR_INVALID_ARG;
-    TRY(use_device(c));
-    const struct draw *d = &c->draws[c->last_draw];
-    return check_cuda(cllm_cuda_resolve_tokens(tokens, n, d->tokens_dev, d->n, c->stream),
-                      "resolve tokens");
-}
-
-/* --- recorded steps --- */
-
-static void drop_graphs(struct cuda *c)
-{
-    for (int i = 0; i < c->n_graphs; i++)
-        cudaGraphExecDestroy(c->graphs[i].exec);
-    c->n_graphs = 0;
-}
-
-static enum cllm_status cu_graph_begin(struct cllm_backend *be, uint64_t key, bool *replayed)
-{
-    struct cuda *c = cuda_of(be);
-    *replayed = false;
-    if (c->capturing)
-        return CLLM_ERR_INVALID_ARG;
-    TRY(use_device(c));
-    if (c->gemm_scratch_wanted > 0) {
-        const size_t want = c->gemm_scratch_wanted;
-        c->gemm_scratch_wanted = 0;
-        TRY(grow_gemm_scratch(c, want));
-    }
-    for (int i = 0; i < c->n_graphs; i++)
-        if (c->graphs[i].key == key) {
-            TRY(check_cuda(cudaGraphLaunch(c->graphs[i].exec, c->stream), "cudaGraphLaunch"));
-            *replayed = true;
-            return CLLM_OK;
-        }
-    if (c->n_graphs == MAX_GRAPHS)
-        drop_graphs(c); /* shapes seen long ago get recorded again when they come back */
-    TRY(check_cuda(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal),
-                   "cudaStreamBeginCapture"));
-    c->capturing = true;
-    return CLLM_OK;
-}
-
-static enum cllm_status cu_graph_end(struct cllm_backend *be, uint64_t key)
-{
-    struct cuda *c = cuda_of(be);
-    if (!c->capturing)
-        return CLLM_ERR_INVALID_ARG;
-    c->capturing = false;
-    cudaGraph_t graph = NULL;
-    TRY(check_cuda(cudaStreamEndCapture(c->stream, &graph), "cudaStreamEndCapture"));
-    cudaGraphExec_t exec = NULL;
-    enum cllm_status st = check_cuda(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
-    cudaGraphDestroy(graph);
-    if (st)
-        return st;
-    c->graphs[c->n_graphs].key = key;
-    c->graphs[c->n_graphs].exec = exec;
-    c->n_graphs++;
-    return check_cuda(cudaGraphLaunch(exec, c->stream), "cudaGraphLaunch");
-}
-
-static enum cllm_status cu_sync(struct cllm_backend *be)
-{
-    struct cuda *c = cuda_of(be);
-    TRY(use_device(c));
-    return finish_draws(c, true);
-}
-
 /* --- lifetime --- */
 
 static void cu_free(struct cllm_backend *be)
@@ -987,20 +220,13 @@ static void cu_free(struct cllm_backend *be)
     cudaSetDevice(c->device);
     if (c->stream)
         cudaStreamSynchronize(c->stream);
-    drop_graphs(c);
+    cllm_backend_cuda_drop_graphs(c);
     if (c->blas)
         c->blas_api.destroy(c->blas);
     cllm_blas_unload(&c->blas_api);
     cudaFree(c->blas_workspace);
     cudaFreeHost(c->staging);
-    free_sample_buffers(c);
-    for (int i = 0; i < 2; i++)
-        if (c->draws[i].done)
-            cudaEventDestroy(c->draws[i].done);
-    cudaFree(c->sample_scratch);
-    cudaFree(c->counts_dev);
-    for (int i = 0; i < 2; i++)
-        cudaFreeHost(c->draws[i].counts_host);
+    cllm_backend_cuda_free_draws(c);
     cudaFree(c->gemm_scratch);
     cudaFree(c->blas_out);
     if (c->stream)
@@ -1008,42 +234,30 @@ static void cu_free(struct cllm_backend *be)
     free(c);
 }
 
-static const struct cllm_backend_iface cuda_iface = {
-    /* .name = */ "cuda",
-    /* .act_dtype = */ CLLM_DTYPE_BF16,
-    /* .kv_dtype = */ CLLM_DTYPE_BF16,
-    /* .free = */ cu_free,
-    /* .alloc = */ cu_alloc,
-    /* .dealloc = */ cu_dealloc,
-    /* .upload = */ cu_upload,
-    /* .download = */ cu_download,
-    /* .memzero = */ cu_memzero,
-    /* .alloc_zeroed = */ NULL, /* cudaMemset is fast */
-    /* .mem_info = */ cu_mem_info,
-    /* .weight_init = */ cu_weight_init,
-    /* .weight_init_stacked = */ cu_weight_init_stacked,
-    /* .weight_free = */ cu_weight_free,
-    /* .embed = */ cu_embed,
-    /* .rmsnorm = */ cu_rmsnorm,
-    /* .add_rmsnorm = */ cu_add_rmsnorm,
-    /* .matmul = */ cu_matmul,
-    /* .qkv_rope_store = */ cu_qkv_rope_store,
-    /* .attention = */ cu_attention,
-    /* .attention_scratch = */ cu_attention_scratch,
-    /* .silu_mul = */ cu_silu_mul,
-    /* .matmul_gate_up_silu = */ cu_matmul_gate_up_silu,
-    /* .matmul_rope_store = */ cu_matmul_rope_store,
-    /* .gather_rows = */ cu_gather_rows,
-    /* .sample = */ cu_sample,
-    /* .wait_draw = */ cu_wait_draw,
-    /* .resolve_tokens = */ cu_resolve_tokens,
-    /* .graph_begin = */ cu_graph_begin,
-    /* .graph_end = */ cu_graph_end,
-    /* .sync = */ cu_sync,
-    /* .host_threads = */ NULL, /* the engine draws on its own host threads */
-    /* .host_run = */ NULL,
-    /* .tune_matmul = */ cu_tune_matmul,
-};
+/* The interface: memory, weights and lifetime here, the ops and recorded steps in
+ * backend_cuda_ops.cu, the draws in backend_cuda_draw.cu. */
+static void bind_iface(struct cllm_backend_iface *f)
+{
+    memset(f, 0, sizeof *f);
+    f->name = "cuda";
+    f->act_dtype = CLLM_DTYPE_BF16;
+    f->kv_dtype = CLLM_DTYPE_BF16;
+    f->free = cu_free;
+    f->alloc = cu_alloc;
+    f->dealloc = cu_dealloc;
+    f->upload = cu_upload;
+    f->download = cu_download;
+    f->memzero = cu_memzero;
+    f->alloc_zeroed = NULL; /* cudaMemset is fast */
+    f->mem_info = cu_mem_info;
+    f->weight_init = cu_weight_init;
+    f->weight_init_stacked = cu_weight_init_stacked;
+    f->weight_free = cu_weight_free;
+    f->host_threads = NULL; /* the engine draws on its own host threads */
+    f->host_run = NULL;
+    cllm_backend_cuda_bind_ops(f);
+    cllm_backend_cuda_bind_draws(f);
+}
 
 /* Where the BLAS does the model's GEMMs (a build without MMA, CLLM_CUBLAS=1): one small GEMM
  * at start-up, whose exact result is known (small integers: every sum is exact in F32 and in
@@ -1079,7 +293,8 @@ static enum cllm_status probe_blas(struct cuda *c, char *err, size_t err_len)
     c->probing_blas = true;
     for (int mode = 0; !st && !right && mode < 2; mode++) {
         c->blas_bf16_out = mode == 1;
-        enum cllm_status run = blas_matmul(c, dw, K, N, dx, n, NULL, (float *)dy, N);
+        enum cllm_status run =
+            cllm_backend_cuda_blas_matmul(c, dw, K, N, dx, n, NULL, (float *)dy, N);
         if (!run)
             run = check_cuda(cudaStreamSynchronize(c->stream), "BLAS probe");
         if (!run)
@@ -1173,7 +388,7 @@ extern "C" enum cllm_status cllm_backend_cuda_new(struct cllm_backend **out, int
         return cllm_fail(err, err_len, CLLM_ERR_NOMEM, "out of memory");
     c->device = device;
     c->last_draw = -1;
-    c->iface = cuda_iface;
+    bind_iface(&c->iface);
 #ifdef CLLM_GRAPHS_OPT_IN
     if (!env_is_one(CLLM_GRAPHS_OPT_IN)) {
         c->iface.graph_begin = NULL; /* the model then runs every step op by op */

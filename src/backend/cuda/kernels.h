@@ -1,5 +1,5 @@
 /*
- * Launchers of the CUDA kernels (kernels.cu, attention.cu), called by backend_cuda.cu. Each
+ * Launchers of the CUDA kernels (kernels.cu, attention.cu), called by backend_cuda_ops.cu. Each
  * queues its work on `stream` and returns the launch error; none synchronises, allocates or
  * copies to the host, so every one of them can be recorded into a CUDA graph.
  *
