@@ -22,11 +22,9 @@
  */
 #include "backend/cuda/vendor.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "backend/cuda/backend_cuda.h"

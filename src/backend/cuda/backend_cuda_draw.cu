@@ -14,8 +14,6 @@ extern "C" {
 #include "core/alloc.h"
 }
 
-/* --- sampling --- */
-
 static void free_sample_buffers(struct cuda *c)
 {
     cudaFree(c->rows_dev);
