@@ -5,8 +5,9 @@
  * "cold", cycling through the same tensor of every layer (more bytes than the L3 cache), next to
  * this machine's plain memory-read bandwidth measured in the same run, its bound. Synthetic
  * F32/F16/BF16 weights cover the float paths (also the 1.5B model's FFN shapes in BF16, and the
- * same quantized to Q6_K as --cpu-weights q6_k does). Times
- * are medians of repeated calls.
+ * same quantized to Q6_K as --cpu-weights q6_k does); on a CPU with AVX-512 BF16 the BF16 ones
+ * also run under the AVX2 kernels (F32 activations), beside. Times are medians of repeated
+ * calls.
  * Usage: bench_matmul [model.gguf] [max_threads]
  */
 #include <stdint.h>
@@ -252,8 +253,18 @@ int main(int argc, char **argv)
                 bench_tensor(tp, "prefill", &hot[i], 1, prefill[p]);
         for (int f = 0; f < N_SYNTH; f++) {
             const struct cllm_tensor *t = &synth[f];
-            bench_tensor(tp, "decode (synthetic)", &t, 1, 1);
-            bench_tensor(tp, "prefill (synthetic)", &t, 1, 64);
+            /* BF16 also under AVX2's kernels (F32 activations) where this CPU's differ */
+            const char *isa = cllm_cpu_matmul_isa();
+            const bool both = t->dtype == CLLM_DTYPE_BF16 && cllm_cpu_matmul_bf16_activations();
+            for (int v = 0; v < (both ? 2 : 1); v++) {
+                char label[64];
+                cllm_cpu_matmul_use_isa(v ? "avx2" : isa);
+                snprintf(label, sizeof label, "decode synth %s", cllm_cpu_matmul_isa());
+                bench_tensor(tp, label, &t, 1, 1);
+                snprintf(label, sizeof label, "prefill synth %s", cllm_cpu_matmul_isa());
+                bench_tensor(tp, label, &t, 1, 64);
+            }
+            cllm_cpu_matmul_use_isa(isa);
         }
         for (int f = 0; f < N_Q6; f++) {
             const struct cllm_tensor *t = &q6[f];

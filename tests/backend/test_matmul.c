@@ -1,10 +1,12 @@
 /*
- * The CPU matmul (backend/cpu/matmul.h) on random weights of every dtype at awkward sizes:
- * AVX2 against scalar kernels (bit-equal for quantized weights, by design; to rounding for float
- * weights), both against a double-precision reference on the dequantized weights and the
- * dequantized 8-bit activations (only rounding differs) and, looser, against the unquantized
- * activations; identical bits for 1, 2 and 3 threads and for a token alone or inside a batch;
- * the activation quantizer itself; and the error returns.
+ * The CPU matmul (backend/cpu/matmul.h) on random weights of every dtype at awkward sizes, under
+ * each SIMD kernel family this CPU runs (AVX2; AVX-512 BF16, whose BF16 weights take BF16
+ * activations): SIMD against scalar kernels (bit-equal for quantized weights, by design; to
+ * rounding for float weights), both against a double-precision reference on the dequantized
+ * weights and the activations as the kernels see them (8-bit quantized or rounded to BF16:
+ * only rounding differs) and, looser, against the unrounded activations; identical bits for 1,
+ * 2 and 3 threads and for a token alone or inside a batch; the activation quantizer and the
+ * BF16 rounding themselves; and the error returns.
  */
 #include <math.h>
 #include <stddef.h>
@@ -140,12 +142,44 @@ static enum cllm_status run_mm(struct cllm_threadpool *tp, const struct wmat *m,
     return st;
 }
 
-/* The activations as the kernels see them (8-bit quantized for quantized weights) in double,
- * and the half quantization step of each element (0 for float weights). */
-static void act_reference(enum cllm_dtype type, const float *x, int64_t nt, int64_t K,
+/* What vcvtne2ps2bf16 makes of f: subnormal floats become a zero of their sign, the rest
+ * rounds to nearest even. */
+static uint16_t bf16_daz(float f)
+{
+    return fabsf(f) < 0x1p-126f ? (uint16_t)(signbit(f) ? 0x8000u : 0u) : cllm_f32_to_bf16(f);
+}
+
+/* Half the BF16 spacing at f (8 significant bits), f's own magnitude where it is flushed. */
+static double bf16_half_step(float f)
+{
+    int e;
+    if (f == 0.0f)
+        return 0.0;
+    if (fabsf(f) < 0x1p-126f)
+        return fabsf(f);
+    frexp(f, &e); /* |f| in [2^(e-1), 2^e) */
+    return ldexp(1.0, e - 9);
+}
+
+/* The activation format the kernels now in use multiply weights of type with. */
+static enum cllm_act_kind active_act_kind(enum cllm_dtype type)
+{
+    return type == CLLM_DTYPE_BF16 && cllm_cpu_matmul_bf16_activations() ? CLLM_ACT_BF16
+                                                                         : cllm_act_kind_of(type);
+}
+
+/* The activations as kernels of activation kind `kind` see them (8-bit quantized, or rounded to
+ * BF16) in double, and the half rounding step of each element (0 for F32). */
+static void act_reference(enum cllm_act_kind kind, const float *x, int64_t nt, int64_t K,
                           double *xq, double *half_step)
 {
-    enum cllm_act_kind kind = cllm_act_kind_of(type);
+    if (kind == CLLM_ACT_BF16) {
+        for (int64_t i = 0; i < nt * K; i++) {
+            xq[i] = cllm_bf16_to_f32(bf16_daz(x[i]));
+            half_step[i] = bf16_half_step(x[i]);
+        }
+        return;
+    }
     if (kind == CLLM_ACT_F32) {
         for (int64_t i = 0; i < nt * K; i++) {
             xq[i] = x[i];
@@ -169,20 +203,23 @@ static void act_reference(enum cllm_dtype type, const float *x, int64_t nt, int6
     free(sums);
 }
 
+/* Elements per float rounding chain link: 8 for float weights (K / 8 steps per lane, then a
+ * fixed tree; the BF16 kernels' K / 16 roundings a lane fit the same bound). */
 static int64_t block_of(enum cllm_dtype type)
 {
     enum cllm_act_kind kind = cllm_act_kind_of(type);
     return kind == CLLM_ACT_F32 ? 8 : cllm_act_block(kind);
 }
 
-/* Worst normalized errors seen, per dtype, for the report. */
+/* Worst normalized errors seen, per dtype, for the report (of the kernel family under test). */
 static double worst_q[CLLM_DTYPE_COUNT], worst_x[CLLM_DTYPE_COUNT];
 /* Over all shapes of a dtype: squared errors against the unquantized activations, squared
  * reference values and the predicted squared errors (see main). */
 static double sum_err2[CLLM_DTYPE_COUNT], sum_ref2[CLLM_DTYPE_COUNT], sum_pred2[CLLM_DTYPE_COUNT];
 
 /*
- * One shape: checks (a) to (d) of the file comment. Bounds (u = 2^-24):
+ * One shape under the kernel family in use: checks (a) to (d) of the file comment. Bounds
+ * (u = 2^-24):
  *  - against the quantized-activation reference: the float part adds one term per block (two
  *    for types with minimums) in order, each term after 3 roundings; m terms summed in order
  *    err by at most (m + 3) u sum |term|. A term is at most a few times its block's sum |w * xq|
@@ -190,7 +227,9 @@ static double sum_err2[CLLM_DTYPE_COUNT], sum_ref2[CLLM_DTYPE_COUNT], sum_pred2[
  *    |y - ref| <= (2 K / B + 8) * 2^-22 * sum |w * xq|. Float weights: the same form with
  *    B = 8 (K / 8 steps per lane, then a fixed tree).
  *  - against the unquantized activations, additionally sum |w| * |x - xq| <= sum |w| * d / 2:
- *    round-to-nearest moves each activation by at most half its block's step.
+ *    round-to-nearest moves each activation by at most half its block's step (BF16: half its
+ *    spacing). SIMD against scalar where their activations differ (BF16): the sum of both
+ *    bounds and that rounding.
  */
 static void check_shape(struct cllm_threadpool *tp2, struct cllm_threadpool *tp3,
                         enum cllm_dtype type, int64_t K, int64_t N, int64_t nt)
@@ -213,9 +252,10 @@ static void check_shape(struct cllm_threadpool *tp2, struct cllm_threadpool *tp3
     for (int64_t i = 0; i < nt * ldy; i++)
         y_simd[i] = y_ref[i] = y2[i] = y3[i] = -777.0f;
 
-    cllm_cpu_matmul_force_scalar(true);
+    const char *isa = cllm_cpu_matmul_isa();
+    cllm_cpu_matmul_use_isa("scalar");
     CHECKF(run_mm(NULL, &m, x, nt, y_ref, ldy) == CLLM_OK, "%s scalar", tn);
-    cllm_cpu_matmul_force_scalar(false);
+    CHECK(cllm_cpu_matmul_use_isa(isa));
     CHECKF(run_mm(NULL, &m, x, nt, y_simd, ldy) == CLLM_OK, "%s", tn);
     CHECK(run_mm(tp2, &m, x, nt, y2, ldy) == CLLM_OK);
     CHECK(run_mm(tp3, &m, x, nt, y3, ldy) == CLLM_OK);
@@ -249,10 +289,15 @@ static void check_shape(struct cllm_threadpool *tp2, struct cllm_threadpool *tp3
         free(ys);
     }
 
-    /* (b) against double-precision references */
-    double *xq = malloc(sizeof(double) * nt * K), *hs = malloc(sizeof(double) * nt * K);
-    act_reference(type, x, nt, K, xq, hs);
-    const bool quantized = cllm_act_kind_of(type) != CLLM_ACT_F32;
+    /* (b) against double-precision references: the activations as the SIMD kernels see them
+     * (xq) and as the scalar ones do (xr; the same but for BF16 under AVX-512 BF16) */
+    const size_t dsz = sizeof(double) * nt * K;
+    double *xq = malloc(dsz), *hs = malloc(dsz), *xr = malloc(dsz), *hr = malloc(dsz);
+    const enum cllm_act_kind kind = active_act_kind(type);
+    act_reference(kind, x, nt, K, xq, hs);
+    act_reference(cllm_act_kind_of(type), x, nt, K, xr, hr);
+    const bool quantized = kind == CLLM_ACT_Q8_0 || kind == CLLM_ACT_Q8_K;
+    const bool same_acts = kind == cllm_act_kind_of(type);
     const double u4 = ldexp(1.0, -22);
     const double chain = 2.0 * (double)K / (double)block_of(type) + 8.0;
     int ok_a = 1, ok_q = 1, ok_x = 1;
@@ -260,22 +305,24 @@ static void check_shape(struct cllm_threadpool *tp2, struct cllm_threadpool *tp3
     for (int64_t t = 0; t < nt; t++) {
         for (int64_t n = 0; n < N; n++) {
             const double *w = m.deq + n * K;
-            double rq = 0, rx = 0, sabs = 0, qerr = 0;
+            double rq = 0, rr = 0, rx = 0, sabs = 0, sabs_r = 0, qerr = 0;
             for (int64_t k = 0; k < K; k++) {
                 pred2 += w[k] * w[k] * hs[t * K + k] * hs[t * K + k] / 3.0;
                 rq += w[k] * xq[t * K + k];
+                rr += w[k] * xr[t * K + k];
                 rx += w[k] * (double)x[t * K + k];
                 sabs += fabs(w[k] * xq[t * K + k]);
+                sabs_r += fabs(w[k] * xr[t * K + k]);
                 qerr += fabs(w[k]) * hs[t * K + k];
             }
-            const double tol = chain * u4 * sabs + 1e-30;
+            const double tol = chain * u4 * sabs + 1e-30, tol_r = chain * u4 * sabs_r + 1e-30;
             const double ys = y_simd[t * ldy + n], yr = y_ref[t * ldy + n];
-            /* (a) AVX2 against scalar */
+            /* (a) SIMD against scalar */
             if (quantized)
                 ok_a &= memcmp(&y_simd[t * ldy + n], &y_ref[t * ldy + n], sizeof(float)) == 0;
             else
-                ok_a &= fabs(ys - yr) <= tol;
-            ok_q &= fabs(ys - rq) <= tol && fabs(yr - rq) <= tol;
+                ok_a &= fabs(ys - yr) <= (same_acts ? tol : tol + tol_r + qerr * (1.0 + 1e-6));
+            ok_q &= fabs(ys - rq) <= tol && fabs(yr - rr) <= tol_r;
             ok_x &= fabs(ys - rx) <= tol + qerr * (1.0 + 1e-6);
             double nq = fabs(ys - rq) / (sabs + 1e-30), nx = fabs(ys - rx) / (tol + qerr);
             if (nq > worst_q[type])
@@ -286,10 +333,10 @@ static void check_shape(struct cllm_threadpool *tp2, struct cllm_threadpool *tp3
             ref2 += rx * rx;
         }
     }
-    CHECKF(ok_a, "%s K=%lld N=%lld nt=%lld: avx2 vs scalar", tn, (long long)K, (long long)N,
-           (long long)nt);
-    CHECKF(ok_q, "%s K=%lld N=%lld nt=%lld: vs quantized-activation reference", tn, (long long)K,
-           (long long)N, (long long)nt);
+    CHECKF(ok_a, "%s K=%lld N=%lld nt=%lld: %s vs scalar", tn, (long long)K, (long long)N,
+           (long long)nt, isa);
+    CHECKF(ok_q, "%s K=%lld N=%lld nt=%lld: %s vs its activations' reference", tn, (long long)K,
+           (long long)N, (long long)nt, isa);
     CHECKF(ok_x, "%s K=%lld N=%lld nt=%lld: vs unquantized activations", tn, (long long)K,
            (long long)N, (long long)nt);
     sum_err2[type] += err2;
@@ -298,6 +345,8 @@ static void check_shape(struct cllm_threadpool *tp2, struct cllm_threadpool *tp3
 
     free(xq);
     free(hs);
+    free(xr);
+    free(hr);
     free(x);
     free(y_simd);
     free(y_ref);
@@ -410,21 +459,71 @@ static void test_errors(void)
     wmat_free(&m);
 }
 
+/* The AVX-512 BF16 family's activation rounding: each element as vcvtne2ps2bf16 rounds it
+ * (bf16_daz), zeros up to the padded length, nothing written past it; every length of the
+ * 32-element steps and their tails. */
+static void test_to_bf16(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    struct cllm_matmul_kernels k = *cllm_matmul_kernels_avx2();
+    cllm_matmul_kernels_add_avx512bf16(&k);
+    enum { MAX_K = 100, PAD = 128 };
+    float x[MAX_K];
+    uint16_t out[PAD + 8];
+    int ok_val = 1, ok_pad = 1, ok_past = 1, ok_nan = 1;
+    for (int K = 1; K <= MAX_K; K++) {
+        for (int i = 0; i < K; i++)
+            x[i] = rng_act() * (i % 5 == 0 ? 1e-3f : 1.0f);
+        x[0] = 0x1p-130f;      /* subnormal: flushed */
+        x[K - 1] = -0x1.01p0f; /* a tie, rounded to even */
+        if (K > 3) {
+            x[1] = -0.0f;
+            x[2] = __builtin_nanf("");
+            x[3] = 3.4e38f; /* rounds up to infinity */
+        }
+        memset(out, 0xee, sizeof out);
+        k.to_bf16(x, K, out);
+        const int Kp = (K + CLLM_BF16_ACT_ALIGN - 1) / CLLM_BF16_ACT_ALIGN * CLLM_BF16_ACT_ALIGN;
+        for (int i = 0; i < K; i++) {
+            if (x[i] != x[i])
+                ok_nan &= (out[i] & 0x7f80u) == 0x7f80u && (out[i] & 0x7fu) != 0;
+            else
+                ok_val &= out[i] == bf16_daz(x[i]);
+        }
+        for (int i = K; i < Kp; i++)
+            ok_pad &= out[i] == 0;
+        for (int i = Kp; i < PAD + 8; i++)
+            ok_past &= out[i] == 0xeeeeu;
+    }
+    CHECKF(ok_val, "to_bf16: an element differs from round-to-nearest-even (subnormals flushed)");
+    CHECK(ok_nan);
+    CHECKF(ok_pad, "to_bf16: padding not zero");
+    CHECKF(ok_past, "to_bf16: wrote past the padded row");
+#endif
+}
+
 int main(void)
 {
-    const char *isa = cllm_cpu_matmul_isa();
-    const bool avx2 = strcmp(isa, "avx2") == 0;
-    printf("matmul kernels: %s%s\n", isa,
-           avx2 ? "" : " (no AVX2 on this CPU: AVX2-vs-scalar checks compare scalar with itself)");
-    cllm_cpu_matmul_force_scalar(true);
-    CHECK(strcmp(cllm_cpu_matmul_isa(), "scalar") == 0);
-    cllm_cpu_matmul_force_scalar(false);
+    const char *best = cllm_cpu_matmul_isa();
+    const bool avx2 = cllm_cpu_matmul_use_isa("avx2");
+    const bool bf16_acts = cllm_cpu_matmul_use_isa("avx512bf16");
+    CHECK(cllm_cpu_matmul_use_isa(NULL) && strcmp(cllm_cpu_matmul_isa(), best) == 0);
+    printf("matmul kernels: %s%s%s\n", best,
+           avx2 ? "" : " (no AVX2 on this CPU: SIMD-vs-scalar checks compare scalar with itself)",
+           bf16_acts ? "" : " (no AVX-512 BF16 on this CPU: its kernels are not run)");
+    CHECK(cllm_cpu_matmul_use_isa("scalar") && strcmp(cllm_cpu_matmul_isa(), "scalar") == 0);
+    CHECK(!cllm_cpu_matmul_bf16_activations());
+    CHECK(!cllm_cpu_matmul_use_isa("avx1024") && strcmp(cllm_cpu_matmul_isa(), "scalar") == 0);
+    CHECK(cllm_cpu_matmul_use_isa(NULL));
+    CHECK(cllm_cpu_matmul_bf16_activations() == bf16_acts);
 
     struct cllm_threadpool *tp2 = NULL, *tp3 = NULL;
     CHECK(cllm_threadpool_new(&tp2, 2) == CLLM_OK);
     CHECK(cllm_threadpool_new(&tp3, 3) == CLLM_OK);
 
     test_quantizer(avx2);
+    if (bf16_acts)
+        test_to_bf16();
 
     static const enum cllm_dtype types[] = {
         CLLM_DTYPE_F32,  CLLM_DTYPE_F16,  CLLM_DTYPE_BF16, CLLM_DTYPE_Q8_0,
@@ -433,32 +532,53 @@ int main(void)
     };
     static const int64_t Ns[] = {1, 3, 17, 257};
     static const int64_t nts[] = {1, 2, 5, 33};
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
-        const enum cllm_dtype type = types[i];
-        const int64_t bs = cllm_dtype_traits(type)->block_size;
-        /* one block; several blocks (float: every tail length of the 16/8-element steps) */
-        const int64_t Ks[] = {bs, bs == 256 ? 1024 : bs == 32 ? 352 : 45, bs == 1 ? 1000 : 0, 0};
-        for (size_t ki = 0; ki < 4 && Ks[ki]; ki++) {
-            for (size_t ni = 0; ni < 4; ni++)
-                check_shape(tp2, tp3, type, Ks[ki], Ns[ni], 33);
-            for (size_t ti = 0; ti < 3; ti++)
-                check_shape(tp2, tp3, type, Ks[ki], 17, nts[ti]);
+    /* Every dtype under this CPU's fastest family; where that is AVX-512 BF16, BF16 weights
+     * once more under AVX2's F32 activations (its other dtypes are AVX2's kernels anyway). */
+    for (int pass = 0; pass < (bf16_acts ? 2 : 1); pass++) {
+        CHECK(cllm_cpu_matmul_use_isa(pass ? "avx2" : NULL));
+        memset(worst_q, 0, sizeof worst_q);
+        memset(worst_x, 0, sizeof worst_x);
+        memset(sum_err2, 0, sizeof sum_err2);
+        memset(sum_ref2, 0, sizeof sum_ref2);
+        memset(sum_pred2, 0, sizeof sum_pred2);
+        for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+            const enum cllm_dtype type = types[i];
+            if (pass && type != CLLM_DTYPE_BF16)
+                continue;
+            const int64_t bs = cllm_dtype_traits(type)->block_size;
+            /* one block; several blocks (float: every tail length of the 32-, 16- and
+             * 8-element steps, and a whole number of 32-element steps) */
+            const int64_t Ks[] = {bs,
+                                  bs == 256  ? 1024
+                                  : bs == 32 ? 352
+                                             : 45,
+                                  bs == 1 ? 1000 : 0, bs == 1 ? 64 : 0};
+            for (size_t ki = 0; ki < 4 && Ks[ki]; ki++) {
+                for (size_t ni = 0; ni < 4; ni++)
+                    check_shape(tp2, tp3, type, Ks[ki], Ns[ni], 33);
+                for (size_t ti = 0; ti < 3; ti++)
+                    check_shape(tp2, tp3, type, Ks[ki], 17, nts[ti]);
+            }
+        }
+        /* Normalized RMS error from the activations' rounding, over thousands of outputs per
+         * dtype. Rounding to a step d moves an activation by an error spread evenly over
+         * [-d/2, d/2] (variance d^2 / 12), independently per element, so the expected squared
+         * error of a dot product is sum w^2 d^2 / 12. We allow 1.5 times the predicted RMS;
+         * F32 activations have only rounding (1e-6). */
+        for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+            const enum cllm_dtype t = types[i];
+            if (pass && t != CLLM_DTYPE_BF16)
+                continue;
+            const double rms = sqrt(sum_err2[t] / sum_ref2[t]);
+            const double pred = sqrt(sum_pred2[t] / sum_ref2[t]);
+            printf("%-10s %-5s worst |y - ref(xq)| / sum|w xq| = %.2e, worst |y - ref(x)| / "
+                   "bound = %.3f, rms error vs unrounded = %.2e (predicted %.2e)\n",
+                   cllm_cpu_matmul_isa(), cllm_dtype_name(t), worst_q[t], worst_x[t], rms, pred);
+            CHECKF(rms <= 1.5 * pred + 1e-6, "%s %s: rms error %.3g, predicted %.3g",
+                   cllm_cpu_matmul_isa(), cllm_dtype_name(t), rms, pred);
         }
     }
-    /* Normalized RMS error from 8-bit activations, over thousands of outputs per dtype.
-     * Rounding to a step d moves an activation by an error spread evenly over [-d/2, d/2]
-     * (variance d^2 / 12), independently per element, so the expected squared error of a dot
-     * product is sum w^2 d^2 / 12. We allow 1.5 times the predicted RMS; float weights have
-     * only rounding (1e-6). */
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
-        const enum cllm_dtype t = types[i];
-        const double rms = sqrt(sum_err2[t] / sum_ref2[t]), pred = sqrt(sum_pred2[t] / sum_ref2[t]);
-        printf("%-5s worst |y - ref(xq)| / sum|w xq| = %.2e, worst |y - ref(x)| / bound = %.3f, "
-               "rms error vs unquantized = %.2e (predicted %.2e)\n",
-               cllm_dtype_name(t), worst_q[t], worst_x[t], rms, pred);
-        CHECKF(rms <= 1.5 * pred + 1e-6, "%s: rms error %.3g, predicted %.3g",
-               cllm_dtype_name(t), rms, pred);
-    }
+    CHECK(cllm_cpu_matmul_use_isa(NULL));
 
     test_errors();
     cllm_threadpool_free(tp2);

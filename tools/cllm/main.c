@@ -10,17 +10,19 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "cllm %s - LLM inference server for Qwen2.5 models\n\n"
-               "usage: cllm <command> [options]\n\n"
-               "commands:\n"
-               "  info      --model PATH            describe a model (GGUF file or HF folder)\n"
-               "  tokenize  --model PATH [--ids|--decode] [--bench N]\n"
-               "                                    text on stdin -> token ids on stdout (or back)\n"
-               "  generate  --model PATH [--prompt TEXT] ...\n"
-               "                                    stream an answer (cllm generate --help)\n"
-               "  serve     --model PATH [--port 8000] ...\n"
-               "                                    the HTTP server (cllm serve --help)\n"
-               "  bench     --model PATH ...        (not implemented yet)\n",
+    fprintf(f,
+            "cllm %s - LLM inference server for Qwen2.5 models\n\n"
+            "usage: cllm <command> [options]\n\n"
+            "commands:\n"
+            "  info      --model PATH            describe a model (GGUF file or HF folder)\n"
+            "  tokenize  --model PATH [--ids|--decode] [--bench N]\n"
+            "                                    text on stdin -> token ids on stdout (or back)\n"
+            "  generate  --model PATH [--prompt TEXT] ...\n"
+            "                                    stream an answer (cllm generate --help)\n"
+            "  serve     --model PATH [--port 8000] ...\n"
+            "                                    the HTTP server (cllm serve --help)\n"
+            "  bench     --model PATH ...        throughput and latency, on a synthetic prompt\n"
+            "                                    or a workload (cllm bench --help)\n",
             CLLM_VERSION);
 }
 

@@ -16,6 +16,7 @@
 #include "backend/cpu/ref.h"
 #include "backend/cpu/threadpool.h"
 #include "core/alloc.h"
+#include "core/log.h"
 #include "core/status.h"
 #include "tensor/convert.h"
 #include "tensor/quant.h"
@@ -640,6 +641,9 @@ enum cllm_status cllm_backend_cpu_new(struct cllm_backend **out, int32_t n_threa
     c->weights = weights;
     c->be.iface = &cpu_iface;
     c->be.ctx = c;
+    cllm_log(CLLM_LOG_INFO, "cpu: %d threads, %s matmul kernels%s", (int)n_threads,
+             cllm_cpu_matmul_isa(),
+             cllm_cpu_matmul_bf16_activations() ? " (BF16 weights take BF16 activations)" : "");
     *out = &c->be;
     return CLLM_OK;
 }

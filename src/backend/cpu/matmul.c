@@ -11,6 +11,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -18,6 +19,7 @@
 
 #include "backend/cpu/quant_dot.h"
 #include "core/alloc.h"
+#include "core/log.h"
 
 /* Weight bytes of one row chunk: stays in L1/L2 while every token tile passes over it. */
 #define ROW_CHUNK_BYTES (16u << 10)
@@ -44,10 +46,13 @@
 #define QUANT_SERIAL_ELEMS 32768
 
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
-static const struct cllm_matmul_kernels *best_kernels;
-static atomic_bool force_scalar;
-
+/* The kernel families this CPU runs, slowest first; the last is the default. */
+static const struct cllm_matmul_kernels *families[3];
+static int n_families;
+static _Atomic(const struct cllm_matmul_kernels *) active;
 #if defined(__x86_64__) || defined(__i386__)
+static struct cllm_matmul_kernels avx512bf16_kernels;
+
 /* F16C from CPUID itself: clang's __builtin_cpu_supports does not know "f16c". */
 static bool cpu_has_f16c(void)
 {
@@ -56,20 +61,51 @@ static bool cpu_has_f16c(void)
 }
 #endif
 
+static const struct cllm_matmul_kernels *family_named(const char *isa)
+{
+    for (int i = 0; i < n_families; i++)
+        if (strcmp(families[i]->isa, isa) == 0)
+            return families[i];
+    return NULL;
+}
+
+/* The families this CPU runs (compilers' checks include the OS's saving of the registers), and
+ * CLLM_CPU_ISA's choice among them: a slower family for a comparison, or "avx2" to keep a
+ * BF16 model's activations in F32 on a CPU with AVX-512 BF16. */
 static void detect(void)
 {
-    best_kernels = cllm_matmul_kernels_scalar();
+    families[n_families++] = cllm_matmul_kernels_scalar();
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c())
-        best_kernels = cllm_matmul_kernels_avx2();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c()) {
+        families[n_families++] = cllm_matmul_kernels_avx2();
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16")) {
+            avx512bf16_kernels = *cllm_matmul_kernels_avx2();
+            cllm_matmul_kernels_add_avx512bf16(&avx512bf16_kernels);
+            families[n_families++] = &avx512bf16_kernels;
+        }
+    }
 #endif
+    const struct cllm_matmul_kernels *best = families[n_families - 1];
+    const char *want = getenv("CLLM_CPU_ISA");
+    if (want && *want) {
+        const struct cllm_matmul_kernels *k = family_named(want);
+        if (k)
+            best = k;
+        else
+            cllm_log(CLLM_LOG_WARN,
+                     "CLLM_CPU_ISA=%s: not a kernel family this CPU runs "
+                     "(scalar, avx2, avx512bf16); using %s",
+                     want, best->isa);
+    }
+    atomic_store(&active, best);
 }
 
 static const struct cllm_matmul_kernels *kernels(void)
 {
     pthread_once(&detect_once, detect);
-    return atomic_load(&force_scalar) ? cllm_matmul_kernels_scalar() : best_kernels;
+    return atomic_load(&active);
 }
 
 const char *cllm_cpu_matmul_isa(void)
@@ -77,18 +113,30 @@ const char *cllm_cpu_matmul_isa(void)
     return kernels()->isa;
 }
 
-void cllm_cpu_matmul_force_scalar(bool on)
+bool cllm_cpu_matmul_bf16_activations(void)
 {
-    atomic_store(&force_scalar, on);
+    return kernels()->to_bf16 != NULL;
+}
+
+bool cllm_cpu_matmul_use_isa(const char *isa)
+{
+    pthread_once(&detect_once, detect);
+    const struct cllm_matmul_kernels *k = isa ? family_named(isa) : families[n_families - 1];
+    if (!k)
+        return false;
+    atomic_store(&active, k);
+    return true;
 }
 
 size_t cllm_cpu_matmul_scratch_size(enum cllm_dtype wtype, int64_t K, int64_t n_tokens)
 {
     const struct cllm_dtype_traits *tr = cllm_dtype_traits(wtype);
-    enum cllm_act_kind kind = cllm_act_kind_of(wtype);
+    if (!tr)
+        return 0;
+    const enum cllm_act_kind kind = cllm_kernels_act_kind(kernels(), wtype);
     size_t tile_bytes, off_d, off_sums;
     uint64_t bytes;
-    if (!tr || kind == CLLM_ACT_F32 || n_tokens <= 0 || n_tokens > INT64_MAX - CLLM_MM_TILE ||
+    if (kind == CLLM_ACT_F32 || n_tokens <= 0 || n_tokens > INT64_MAX - CLLM_MM_TILE ||
         !cllm_act_tile_layout(kind, K, &tile_bytes, &off_d, &off_sums))
         return 0;
     const uint64_t n_tiles = (uint64_t)(n_tokens + CLLM_MM_TILE - 1) / CLLM_MM_TILE;
@@ -103,20 +151,22 @@ struct mm_job {
     cllm_dot_fn dot;            /* quantized weights: one row a call */
     cllm_dot_rows_fn dot_rows;  /* float weights: a row chunk a call */
     cllm_quant_fn quant;
+    cllm_to_bf16_fn to_bf16;    /* BF16 activations: a token's row a call */
     const uint8_t *w;           /* [N][row_bytes] */
     size_t row_bytes;
     int64_t K, N, n_tokens;
     const float *x;             /* [n_tokens][K] */
     float *y;                   /* [n_tokens][ldy] */
     int64_t ldy;
-    uint8_t *act;               /* quantized tiles (quant_dot.h), or NULL for F32 */
-    size_t tile_bytes;          /* bytes per tile of quantized activations */
+    uint8_t *act;               /* quantized or BF16 tiles (quant_dot.h), or NULL for F32 */
+    size_t tile_bytes;          /* bytes per tile of those activations */
     struct cllm_act_view view;  /* tile 0 of the activations (F32: token 0's row) */
     int64_t B, G;               /* activation block and group sizes */
     /* Work is handed out in items through atomic counters, not split up front: when a thread
      * is slowed (another process on its core), the others take over its share. Which thread
      * computes an output never changes its value. */
-    atomic_llong next_quant;    /* next quantization item: QUANT_ITEM_BLOCKS blocks of a token */
+    atomic_llong next_quant; /* next quantization item: QUANT_ITEM_BLOCKS blocks of a token
+                              * (BF16: a whole token) */
     int64_t quant_per_token, quant_items;
     atomic_llong next_dot;      /* next (token chunk, row item) pair, token chunk major */
     int64_t row_item, row_items, dot_items;
@@ -126,13 +176,18 @@ struct mm_job {
 static void quant_task(void *ctx, int ith, int nth)
 {
     struct mm_job *j = ctx;
-    const int64_t nbk = j->K / j->B;
     (void)ith;
     (void)nth;
     for (;;) {
         const int64_t i = atomic_fetch_add_explicit(&j->next_quant, 1, memory_order_relaxed);
         if (i >= j->quant_items)
             return;
+        if (j->to_bf16) {
+            j->to_bf16(j->x + i * j->K, j->K,
+                       (uint16_t *)(void *)(j->act + (size_t)i * j->view.stride));
+            continue;
+        }
+        const int64_t nbk = j->K / j->B;
         const int64_t t = i / j->quant_per_token, slot = t % CLLM_MM_TILE;
         const int64_t b = i % j->quant_per_token * QUANT_ITEM_BLOCKS;
         const int64_t n = nbk - b < QUANT_ITEM_BLOCKS ? nbk - b : QUANT_ITEM_BLOCKS;
@@ -205,7 +260,8 @@ enum cllm_status cllm_cpu_matmul(struct cllm_threadpool *tp, const struct cllm_t
         return CLLM_ERR_INVALID_ARG;
 
     const struct cllm_matmul_kernels *k = kernels();
-    const enum cllm_act_kind kind = cllm_act_kind_of(w->dtype);
+    const enum cllm_act_kind kind = cllm_kernels_act_kind(k, w->dtype);
+    const bool quantized = kind == CLLM_ACT_Q8_0 || kind == CLLM_ACT_Q8_K;
     struct mm_job j = {
         .dot = k->dot[w->dtype],
         .dot_rows = k->dot_rows[w->dtype],
@@ -219,27 +275,33 @@ enum cllm_status cllm_cpu_matmul(struct cllm_threadpool *tp, const struct cllm_t
         .y = y,
         .ldy = ldy,
     };
-    if (kind == CLLM_ACT_F32 ? !j.dot_rows : !j.dot)
+    if (quantized ? !j.dot : !j.dot_rows)
         return CLLM_ERR_INVALID_ARG;
     if (kind == CLLM_ACT_F32) {
         j.view = (struct cllm_act_view){(const uint8_t *)x, (size_t)K * sizeof(float), 0, 0, 1};
     } else {
         const size_t need = cllm_cpu_matmul_scratch_size(w->dtype, K, n_tokens);
-        if (!need || !scratch || scratch_size < need || !j.quant)
+        if (!need || !scratch || scratch_size < need || (quantized && !j.quant))
             return CLLM_ERR_INVALID_ARG;
         cllm_act_tile_layout(kind, K, &j.tile_bytes, &j.view.off_d, &j.view.off_sums);
         j.act = (uint8_t *)(((uintptr_t)scratch + 63u) & ~(uintptr_t)63u);
         j.view.base = j.act;
-        j.view.stride = (size_t)K;
-        j.view.step = n_tokens == 1 ? 1 : CLLM_MM_TILE;
-        j.B = cllm_act_block(kind);
-        j.G = cllm_act_group(kind);
+        if (quantized) {
+            j.view.stride = (size_t)K;
+            j.view.step = n_tokens == 1 ? 1 : CLLM_MM_TILE;
+            j.B = cllm_act_block(kind);
+            j.G = cllm_act_group(kind);
+        } else { /* BF16 rows, padded */
+            j.view.stride = j.tile_bytes / CLLM_MM_TILE;
+            j.view.step = 1;
+            j.to_bf16 = k->to_bf16;
+        }
     }
     const size_t tile_bytes = j.act ? j.tile_bytes : CLLM_MM_TILE * j.view.stride;
     j.token_chunk = (int64_t)(TOKEN_CHUNK_BYTES / tile_bytes) * CLLM_MM_TILE;
     if (j.token_chunk < CLLM_MM_TILE)
         j.token_chunk = CLLM_MM_TILE;
-    if (j.act) {
+    if (quantized) {
         j.row_chunk = (int64_t)(ROW_CHUNK_BYTES / j.row_bytes);
         j.row_item = (int64_t)((n_tokens <= CLLM_MM_TILE ? DECODE_ITEM_BYTES : ITEM_BYTES) /
                                j.row_bytes);
@@ -259,7 +321,7 @@ enum cllm_status cllm_cpu_matmul(struct cllm_threadpool *tp, const struct cllm_t
     if (j.row_item < 1)
         j.row_item = 1;
     j.row_items = (N + j.row_item - 1) / j.row_item;
-    if (!j.act && j.token_chunk < FLOAT_TOKEN_CHUNK) {
+    if (!quantized && j.token_chunk < FLOAT_TOKEN_CHUNK) {
         /* A float item's rows are read from L2 once per four tokens, from memory once per item:
          * long rows (K = 8960: a 12-row chunk, 8 tokens a chunk) re-read the weights from
          * memory for every 8 tokens at 48 GFLOP/s; 64 tokens a chunk run at 70. Halved again
@@ -275,10 +337,10 @@ enum cllm_status cllm_cpu_matmul(struct cllm_threadpool *tp, const struct cllm_t
     atomic_init(&j.next_dot, 0);
 
     if (j.act) {
-        j.quant_per_token = (K / j.B + QUANT_ITEM_BLOCKS - 1) / QUANT_ITEM_BLOCKS;
+        j.quant_per_token = quantized ? (K / j.B + QUANT_ITEM_BLOCKS - 1) / QUANT_ITEM_BLOCKS : 1;
         j.quant_items = n_tokens * j.quant_per_token;
         atomic_init(&j.next_quant, 0);
-        if (n_tokens % CLLM_MM_TILE) {
+        if (quantized && n_tokens % CLLM_MM_TILE) {
             /* the last tile's empty slots: zero scales and sums, which the kernels read */
             uint8_t *pad = j.act + (size_t)(n_tokens / CLLM_MM_TILE) * j.tile_bytes;
             memset(pad + j.view.off_d, 0, j.tile_bytes - j.view.off_d);

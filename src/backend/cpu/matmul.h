@@ -2,10 +2,13 @@
  * CPU matrix multiplication: y = x * W^T for weights of any dtype of dtype.h, the hot path of
  * inference. Quantized weights are multiplied with activations quantized to 8 bits once per
  * call (Q8_K-style 256-blocks for K-quants, Q8_0-style 32-blocks for legacy types); float
- * weights (F32/F16/BF16) with f32 activations and f32 accumulation in a fixed order.
+ * weights (F32/F16/BF16) with f32 activations and f32 accumulation in a fixed order, except
+ * BF16 weights on a CPU with AVX-512 BF16: with activations rounded to BF16 once per call, as
+ * transformers' BF16 GEMMs take them (twice the products per instruction).
  * Results depend neither on the thread count nor on the batch: a token's row is bit-identical
  * whether it is computed alone or with others. Kernels are chosen once, at first use, by CPU
- * feature detection (AVX2+FMA+F16C, else portable scalar code).
+ * feature detection (AVX-512 F/BW/VL/BF16, else AVX2+FMA+F16C, else portable scalar code);
+ * the environment variable CLLM_CPU_ISA (scalar, avx2, avx512bf16) picks a slower family.
  */
 #ifndef CLLM_BACKEND_CPU_MATMUL_H
 #define CLLM_BACKEND_CPU_MATMUL_H
@@ -19,7 +22,8 @@
 #include "tensor/tensor.h"
 
 /* Bytes of scratch cllm_cpu_matmul needs for n_tokens rows of K activations against weights of
- * type wtype (0 for float weights); 0 also for arguments cllm_cpu_matmul would reject. */
+ * type wtype with the kernels now chosen (0 for float weights, but BF16 ones where
+ * cllm_cpu_matmul_bf16_activations); 0 also for arguments cllm_cpu_matmul would reject. */
 size_t cllm_cpu_matmul_scratch_size(enum cllm_dtype wtype, int64_t K, int64_t n_tokens);
 
 /*
@@ -34,9 +38,12 @@ enum cllm_status cllm_cpu_matmul(struct cllm_threadpool *tp, const struct cllm_t
                                  const float *x, int64_t n_tokens, float *y, int64_t ldy,
                                  void *scratch, size_t scratch_size);
 
-/* Which kernel family runs ("avx2", "scalar"), for logs. */
+/* Which kernel family runs ("avx512bf16", "avx2", "scalar"), for logs. */
 const char *cllm_cpu_matmul_isa(void);
-/* Forces the scalar kernels (for tests); not to be called while a matmul runs. */
-void cllm_cpu_matmul_force_scalar(bool on);
+/* Whether BF16 weights are multiplied with activations rounded to BF16 (the avx512bf16 family). */
+bool cllm_cpu_matmul_bf16_activations(void);
+/* Uses the kernel family named isa, or this CPU's fastest for NULL (tests and benchmarks); false,
+ * changing nothing, where this CPU cannot run it. Not to be called while a matmul runs. */
+bool cllm_cpu_matmul_use_isa(const char *isa);
 
 #endif

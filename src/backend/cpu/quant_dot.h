@@ -1,7 +1,7 @@
 /*
  * Internal contract between the matmul driver (matmul.c) and its kernels (dot_ref.c, the scalar
- * reference; dot_avx2.c): the layout of quantized activations, the kernel signatures and the
- * per-ISA kernel table.
+ * reference; dot_avx2.c; dot_avx512.c): the layout of quantized activations, the kernel
+ * signatures and the per-ISA kernel table.
  *
  * Quantized activations are stored in tiles of CLLM_MM_TILE tokens (T), the unit a kernel call
  * works on; the scales and sums of a tile's tokens sit side by side so one vector load fetches
@@ -29,9 +29,16 @@ enum cllm_act_kind {
     CLLM_ACT_F32,  /* F32/F16/BF16 weights: activations stay f32 */
     CLLM_ACT_Q8_0, /* legacy 32-blocks: B = G = 32 */
     CLLM_ACT_Q8_K, /* K-quants: B = 256, G = 16 */
+    CLLM_ACT_BF16, /* BF16 weights under kernels with to_bf16 (below): rows of BF16 */
+    CLLM_ACT_KIND_COUNT
 };
 
-/* Which activation format a weight dtype is multiplied with. */
+/* BF16 activation rows are zero-padded to a multiple of this many elements (dot_avx512.c's
+ * step), so the kernels read whole vectors of them. */
+#define CLLM_BF16_ACT_ALIGN 32
+
+/* Which activation format a weight dtype is multiplied with by the kernels without to_bf16
+ * (cllm_kernels_act_kind below says it for a given kernel family). */
 static inline enum cllm_act_kind cllm_act_kind_of(enum cllm_dtype t)
 {
     switch (t) {
@@ -94,6 +101,10 @@ typedef void (*cllm_dot_fn)(const void *w, int64_t K, const struct cllm_act_view
 typedef void (*cllm_dot_rows_fn)(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
                                  const struct cllm_act_view *a, int nt, float *y, int64_t ldy);
 
+/* x[0..K) rounded to BF16 into out[0..Kp), Kp = K rounded up to CLLM_BF16_ACT_ALIGN, the
+ * padding zeros. */
+typedef void (*cllm_to_bf16_fn)(const float *x, int64_t K, uint16_t *out);
+
 /* Quantizes nb consecutive blocks of x (nb * B floats) into qs[nb * B] and, for block b,
  * d[b * step] and sums[b * step * (B / G) + g] (step as in struct cllm_act_tile). Scalar and
  * AVX2 quantizers produce identical bytes. */
@@ -101,11 +112,21 @@ typedef void (*cllm_quant_fn)(const float *x, int64_t nb, int8_t *qs, float *d, 
                               int64_t step);
 
 struct cllm_matmul_kernels {
-    const char *isa;                 /* "scalar", "avx2" */
-    cllm_quant_fn quant[3];          /* by enum cllm_act_kind; [CLLM_ACT_F32] unused */
+    const char *isa;                          /* "scalar", "avx2", "avx512bf16" */
+    cllm_quant_fn quant[CLLM_ACT_KIND_COUNT]; /* by enum cllm_act_kind: Q8_0 and Q8_K only */
     cllm_dot_fn dot[CLLM_DTYPE_COUNT]; /* by quantized weight dtype */
-    cllm_dot_rows_fn dot_rows[CLLM_DTYPE_COUNT]; /* by float weight dtype */
+    /* By float weight dtype; dot_rows[BF16] reads BF16 activation rows where to_bf16 is set
+     * (struct cllm_act_view: stride bytes apart, K rounded up to CLLM_BF16_ACT_ALIGN). */
+    cllm_dot_rows_fn dot_rows[CLLM_DTYPE_COUNT];
+    cllm_to_bf16_fn to_bf16; /* NULL: every float weight takes F32 activations */
 };
+
+/* The activation format kernels k multiply weights of type t with. */
+static inline enum cllm_act_kind cllm_kernels_act_kind(const struct cllm_matmul_kernels *k,
+                                                       enum cllm_dtype t)
+{
+    return t == CLLM_DTYPE_BF16 && k->to_bf16 ? CLLM_ACT_BF16 : cllm_act_kind_of(t);
+}
 
 /* A tile's pointers: token rows (slots past nt alias slot 0 so SIMD code may read them), and
  * d[b * step + t], sums[(b * step + t) * (B / G) + g]. A call with one token in all
@@ -175,13 +196,25 @@ const struct cllm_matmul_kernels *cllm_matmul_kernels_scalar(void);
 #if defined(__x86_64__) || defined(__i386__)
 /* Only to be used after a run-time check for AVX2 + FMA + F16C. */
 const struct cllm_matmul_kernels *cllm_matmul_kernels_avx2(void);
+/* Turns a copy of the AVX2 family into the AVX-512 BF16 one: only to be used after a run-time
+ * check for AVX-512 F, BW, VL and BF16 as well. */
+void cllm_matmul_kernels_add_avx512bf16(struct cllm_matmul_kernels *k);
 #endif
 
 /* Bytes of one tile of quantized activations (a 64-byte multiple) and the offsets of d[] and
- * sums[] in it; false if K is not a positive multiple of the block size. */
+ * sums[] in it; false if K is not a positive multiple of the block size. BF16 activations: a
+ * tile is CLLM_MM_TILE padded rows, with neither d[] nor sums[] (both offsets at its end). */
 static inline bool cllm_act_tile_layout(enum cllm_act_kind k, int64_t K, size_t *tile_bytes,
                                         size_t *off_d, size_t *off_sums)
 {
+    if (k == CLLM_ACT_BF16) {
+        if (K <= 0 || K > (int64_t)1 << 40)
+            return false;
+        const uint64_t row = ((uint64_t)K + CLLM_BF16_ACT_ALIGN - 1) / CLLM_BF16_ACT_ALIGN *
+                             CLLM_BF16_ACT_ALIGN * 2u;
+        *tile_bytes = *off_d = *off_sums = (size_t)(CLLM_MM_TILE * row);
+        return true;
+    }
     const int64_t B = cllm_act_block(k), G = cllm_act_group(k);
     if (K <= 0 || K % B != 0 || K > (int64_t)1 << 40)
         return false;

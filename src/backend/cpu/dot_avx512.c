@@ -1,0 +1,157 @@
+/*
+ * AVX-512 BF16 kernels for BF16 weights (compiled with -mavx512f -mavx512bw -mavx512vl
+ * -mavx512bf16 on top of dot_avx2.c's flags; called only after a run-time CPU check): the
+ * activations are rounded to BF16 once per matmul (to_bf16, below) and each vdpbf16ps then
+ * multiplies 32 weight and activation pairs into 16 float lanes: twice the products of an FMA
+ * on F32, and no widening of the weights. This is what transformers does in BF16 (its GEMMs
+ * take BF16 activations too); the AVX2 and scalar kernels keep F32 activations, so on a CPU
+ * with this extension a BF16 model's logits move by about the activations' rounding
+ * (~2^-9 of each) against those (tests/backend/test_matmul.c bounds both).
+ * Every other weight type keeps dot_avx2.c's kernels.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+
+#include "backend/cpu/quant_dot.h"
+
+#define INLINE static inline __attribute__((always_inline))
+/* Per-row and per-token arrays must become registers: unroll the short constant loops fully. */
+#define UNROLL _Pragma("GCC unroll 8")
+
+/* Elements per step: one 512-bit vector of BF16. */
+#define STEP 32
+
+_Static_assert(CLLM_BF16_ACT_ALIGN == STEP, "activation rows are padded to whole steps");
+
+/*
+ * x[0..K) rounded to BF16 (to nearest even, as vcvtne2ps2bf16 does: subnormal floats become
+ * zero of their sign, NaN stays NaN), then zeros up to a multiple of STEP.
+ */
+static void to_bf16(const float *x, int64_t K, uint16_t *out)
+{
+    int64_t i = 0;
+    for (; i + STEP <= K; i += STEP) {
+        const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(x + i));
+        _mm512_storeu_si512((void *)(out + i), (__m512i)v);
+    }
+    if (i < K) {
+        const int64_t n = K - i;
+        const __mmask16 lo = (__mmask16)(n >= 16 ? 0xffffu : (1u << n) - 1u);
+        const __mmask16 hi = (__mmask16)(n <= 16 ? 0u : (1u << (n - 16)) - 1u);
+        const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, x + i + 16),
+                                               _mm512_maskz_loadu_ps(lo, x + i));
+        _mm512_storeu_si512((void *)(out + i), (__m512i)v);
+    }
+}
+
+INLINE __m512bh load_bh(const void *p)
+{
+    return (__m512bh)_mm512_loadu_si512(p);
+}
+
+/*
+ * R weight rows times T tokens: R * T accumulators of 16 lanes. Lane l of an output adds, step
+ * by step, the pair (2l, 2l + 1) of each 32 elements (vdpbf16ps: the odd product, then the even
+ * one, each rounded); the last step's missing elements are zeros in both operands (masked
+ * weight loads, padded activations); the 16 lanes are then summed by one fixed tree. Every
+ * output's arithmetic is the same whatever R and T are, so results do not depend on the batch.
+ */
+INLINE void bf16_micro(const uint8_t *w, size_t row_bytes, int64_t K, const uint16_t *const *x,
+                       float *y, int64_t ldy, const int R, const int T)
+{
+    __m512 acc[6][8];
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+    for (int t = 0; t < T; t++)
+        acc[r][t] = _mm512_setzero_ps();
+    const uint16_t *wr[6];
+    UNROLL
+    for (int r = 0; r < R; r++)
+        wr[r] = (const uint16_t *)(const void *)(w + (size_t)r * row_bytes);
+    int64_t i = 0;
+    for (; i + STEP <= K; i += STEP) {
+        __m512bh wv[6];
+        UNROLL
+        for (int r = 0; r < R; r++)
+            wv[r] = load_bh(wr[r] + i);
+        UNROLL
+        for (int t = 0; t < T; t++) {
+            const __m512bh xv = load_bh(x[t] + i);
+            UNROLL
+            for (int r = 0; r < R; r++)
+                acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wv[r], xv);
+        }
+    }
+    if (i < K) { /* a weight row may end anywhere: no load past its last element */
+        const __mmask32 m = (__mmask32)((1ull << (K - i)) - 1u);
+        __m512bh wv[6];
+        UNROLL
+        for (int r = 0; r < R; r++)
+            wv[r] = (__m512bh)_mm512_maskz_loadu_epi16(m, wr[r] + i);
+        UNROLL
+        for (int t = 0; t < T; t++) {
+            const __m512bh xv = load_bh(x[t] + i);
+            UNROLL
+            for (int r = 0; r < R; r++)
+                acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wv[r], xv);
+        }
+    }
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+    for (int t = 0; t < T; t++)
+        y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+/* nr rows against T tokens: blocks of R rows, then single rows. */
+INLINE void bf16_rows(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
+                      const uint16_t *const *x, float *y, int64_t ldy, const int R, const int T)
+{
+    int64_t r = 0;
+    for (; r + R <= nr; r += R)
+        bf16_micro(w + (size_t)r * row_bytes, row_bytes, K, x, y + r, ldy, R, T);
+    for (; r < nr; r++)
+        bf16_micro(w + (size_t)r * row_bytes, row_bytes, K, x, y + r, ldy, 1, T);
+}
+
+/*
+ * A tile's tokens in groups of 8, 4, 2 and 1: eight take three rows a block (24 accumulators,
+ * 3 weight vectors and 1 activation vector of the 32 registers), four and two take six, one
+ * takes four (its accumulators' latency hidden by the weights streaming in). Row blocks of 3,
+ * 4 and 6 divide matmul.c's row chunks (multiples of 12, and of 8 for a lone token).
+ */
+static void dot_bf16(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
+                     const struct cllm_act_view *a, int nt, float *y, int64_t ldy)
+{
+    int t0 = 0;
+    while (t0 < nt) {
+        const uint16_t *x[CLLM_MM_TILE];
+        const int left = nt - t0, n = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+        for (int t = 0; t < n; t++)
+            x[t] = (const uint16_t *)(const void *)(a->base + (size_t)(t0 + t) * a->stride);
+        float *yt = y + t0 * ldy;
+        switch (n) {
+        case 8:
+            bf16_rows(w, row_bytes, nr, K, x, yt, ldy, 3, 8);
+            break;
+        case 4:
+            bf16_rows(w, row_bytes, nr, K, x, yt, ldy, 6, 4);
+            break;
+        case 2:
+            bf16_rows(w, row_bytes, nr, K, x, yt, ldy, 6, 2);
+            break;
+        default:
+            bf16_rows(w, row_bytes, nr, K, x, yt, ldy, 4, 1);
+            break;
+        }
+        t0 += n;
+    }
+}
+
+void cllm_matmul_kernels_add_avx512bf16(struct cllm_matmul_kernels *k)
+{
+    k->isa = "avx512bf16";
+    k->to_bf16 = to_bf16;
+    k->dot_rows[CLLM_DTYPE_BF16] = dot_bf16;
+}
