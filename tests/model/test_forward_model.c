@@ -13,6 +13,9 @@
  *     at load: in this 0.5B model the FFN down projections, K = 4864): top-1 agreement and
  *     cosine bounded as for the GGUF, and an error above the exact path's (it did quantize);
  *     the quantized GGUF under the same option runs as stored, bit for bit;
+ *   - the same weights rounded to BF16 (a BF16 HF folder, as fine-tunes ship): top-1, cosine
+ *     and logit error bounded, under AVX2's kernels (F32 activations) and, where the CPU has
+ *     AVX-512 BF16, under those (BF16 activations) too, whose logits must stay near AVX2's;
  *   - paging: a shuffled block table and prompt chunking give bit-identical logits;
  *   - a step run ahead with penalties (drawn as a GPU draws, on the CPU) counts the previous
  *     step's token it has not seen.
@@ -25,6 +28,7 @@
 #include <cjson/cJSON.h>
 
 #include "backend/backend.h"
+#include "backend/cpu/matmul.h"
 #include "core/mmap.h"
 #include "model/model.h"
 #include "sampling/sampling.h"
@@ -105,6 +109,9 @@ static void close_runner(struct runner *r)
 struct stats {
     int agree, positions;
     double min_cos, max_rel;
+    bool keep_last; /* keep each case's last-position logits, in case order: */
+    float *last[8];
+    int n_last;
 };
 
 /* The prompt's logits against the reference, then (with_greedy) 32 greedy tokens. */
@@ -138,6 +145,9 @@ static void run_case(struct runner *r, const cJSON *c, bool exact, bool with_gre
             max_err = fabs(want - got);
     }
     double cosv = dot / sqrt(na * nb), rel = max_err / range;
+    if (st->keep_last && st->n_last < 8 &&
+        (st->last[st->n_last] = malloc((size_t)r->n_vocab * sizeof(float))))
+        memcpy(st->last[st->n_last++], last, (size_t)r->n_vocab * sizeof(float));
     st->agree += agree;
     st->positions += n;
     st->min_cos = fmin(st->min_cos, cosv);
@@ -256,6 +266,77 @@ static void test_run_ahead_penalties(struct runner *r, const cJSON *c)
     free(ids);
 }
 
+static void free_stats(struct stats *st)
+{
+    for (int i = 0; i < st->n_last; i++)
+        free(st->last[i]);
+}
+
+/*
+ * The BF16 folder under each kernel family that multiplies BF16 weights its own way: AVX2's
+ * (F32 activations; the scalar kernels' on a CPU without AVX2) and, where this CPU has it,
+ * AVX-512 BF16's (activations rounded to BF16, as transformers' BF16 GEMMs take them).
+ * Against transformers F32 on the unrounded weights: top-1 >= 95%, cosine >= 0.9995 and the
+ * last position's logits within 1% of the range (measured 100% / 99.6%, 0.99998 / 0.99993,
+ * 2.3e-3 / 5.2e-3: the weights' and activations' rounding, 2^-9 of each; the 8-bit GGUF's
+ * errors are ~3x larger); and the second family's last-position logits within 1% of the
+ * range of the first's (measured 4.4e-3).
+ */
+static void test_bf16_folder(struct cllm_backend *be, const cJSON *cases)
+{
+    const char *path = test_env("CLLM_TEST_HF_BF16");
+    const char *best = cllm_cpu_matmul_isa();
+    const char *isas[2] = {cllm_cpu_matmul_use_isa("avx2") ? "avx2" : "scalar", "avx512bf16"};
+    struct stats st[2] = {{.min_cos = 1.0, .keep_last = true}, {.min_cos = 1.0, .keep_last = true}};
+    int32_t n_vocab = 0;
+    int ran = 0;
+    for (int v = 0; v < 2; v++) {
+        if (!cllm_cpu_matmul_use_isa(isas[v])) {
+            printf("BF16 HF folder: no %s kernels on this CPU\n", isas[v]);
+            continue;
+        }
+        struct runner r = {0};
+        if (!open_runner(&r, path, be, true))
+            break;
+        printf("BF16 HF folder, %s kernels, vs transformers F32 on the unrounded weights:\n",
+               isas[v]);
+        const cJSON *c;
+        cJSON_ArrayForEach(c, cases) run_case(&r, c, false, false, NULL, &st[v]);
+        const double agree = (double)st[v].agree / st[v].positions;
+        printf("  overall: top-1 agreement %.1f%% of %d positions, min cosine %.5f, max error "
+               "%.2e of the range\n",
+               100.0 * agree, st[v].positions, st[v].min_cos, st[v].max_rel);
+        CHECKF(agree >= 0.95, "%s: top-1 agreement %.3f", isas[v], agree);
+        CHECKF(st[v].min_cos >= 0.9995, "%s: cosine %.5f", isas[v], st[v].min_cos);
+        CHECKF(st[v].max_rel <= 1e-2, "%s: max error %.3g of the range", isas[v], st[v].max_rel);
+        n_vocab = r.n_vocab;
+        close_runner(&r);
+        ran |= 1 << v;
+    }
+    CHECK(ran & 1);
+    if (ran == 3) {
+        double worst = 0.0;
+        int i = 0;
+        const cJSON *c;
+        cJSON_ArrayForEach(c, cases)
+        {
+            const double range = cJSON_GetObjectItem(c, "range")->valuedouble;
+            if (i >= st[0].n_last || i >= st[1].n_last)
+                break;
+            for (int32_t k = 0; k < n_vocab; k++)
+                worst = fmax(worst, fabs((double)st[1].last[i][k] - st[0].last[i][k]) / range);
+            i++;
+        }
+        printf("  avx512bf16 vs %s: last-position logits differ by %.2e of the range at most\n",
+               isas[0], worst);
+        CHECK(i == cJSON_GetArraySize(cases));
+        CHECKF(worst <= 1e-2, "avx512bf16 vs %s: %.3g of the range", isas[0], worst);
+    }
+    free_stats(&st[0]);
+    free_stats(&st[1]);
+    CHECK(cllm_cpu_matmul_use_isa(best));
+}
+
 int main(void)
 {
     char err[512];
@@ -282,7 +363,7 @@ int main(void)
     const cJSON *c;
     if (open_runner(&hf, test_env("CLLM_TEST_HF"), be, true)) {
         printf("F32 HF folder vs transformers:\n");
-        struct stats st = {0, 0, 1.0, 0.0};
+        struct stats st = {.min_cos = 1.0};
         cJSON_ArrayForEach(c, cases) run_case(&hf, c, true, true, NULL, &st);
         if (open_runner(&hf2, test_env("CLLM_TEST_HF"), be, false))
             /* paging: contiguous table in one go vs shuffled table in odd chunks */
@@ -293,7 +374,7 @@ int main(void)
         /* logits only: greedy tokens are not bounded here, and decode steps are this
          * test's slowest part under ASan */
         printf("F32 HF folder, float matrices quantized to Q6_K at load, vs transformers:\n");
-        struct stats st = {0, 0, 1.0, 0.0};
+        struct stats st = {.min_cos = 1.0};
         cJSON_ArrayForEach(c, cases) run_case(&hf_q6, c, false, false, NULL, &st);
         double agree = (double)st.agree / st.positions;
         printf("  overall: top-1 agreement %.1f%% of %d positions, min cosine %.5f, max error "
@@ -307,7 +388,7 @@ int main(void)
     }
     if (open_runner(&gguf, test_env("CLLM_TEST_GGUF"), be, true)) {
         printf("quantized GGUF vs transformers on its dequantized weights:\n");
-        struct stats st = {0, 0, 1.0, 0.0};
+        struct stats st = {.min_cos = 1.0};
         int i = 0;
         cJSON_ArrayForEach(c, cases)
             run_case(&gguf, c, false, true, cJSON_GetArrayItem(llama, i++), &st);
@@ -323,6 +404,7 @@ int main(void)
             check_same_logits(&gguf, &gguf_q6, cJSON_GetArrayItem(cases, 1), 48, 48,
                               "--cpu-weights q6_k leaves a quantized GGUF as stored");
     }
+    test_bf16_folder(be, cases);
     close_runner(&hf);
     close_runner(&hf2);
     close_runner(&gguf);

@@ -44,27 +44,28 @@ enum {
 
 #define CLLM_GEN_USAGE                                                                             \
     "  --max-tokens N          tokens to generate at most\n"                                       \
-    "  --max-time S            a request still waiting or generating S seconds after it came\n" \
-    "                          ends with the text so far (finish reason length; default: no\n" \
-    "                          limit; requests may set max_time)\n"                               \
-    "  --temperature T         0 = greedy (default: the model's generation_config)\n"             \
+    "  --max-time S            a request still waiting or generating S seconds after it came\n"    \
+    "                          ends with the text so far (finish reason length; default: no\n"     \
+    "                          limit; requests may set max_time)\n"                                \
+    "  --temperature T         0 = greedy (default: the model's generation_config)\n"              \
     "  --top-k K  --top-p P  --min-p P  --repetition-penalty R\n"                                  \
     "  --presence-penalty P  --frequency-penalty P  --seed S\n"                                    \
     "  --stop TEXT             stop string (repeatable)\n"                                         \
-    "  --threads N             CPU threads (default: the physical cores this process may\n"      \
-    "                          use: its CPU affinity, at most its container's CPU quota)\n"     \
+    "  --threads N             CPU threads (default: the physical cores this process may\n"        \
+    "                          use: its CPU affinity, at most its container's CPU quota)\n"        \
     "  --ctx N                 context window in tokens (default: the model's)\n"                  \
     "  --kv-mem BYTES          KV cache budget, e.g. 2G or 512M\n"                                 \
-    "  --batch-tokens N  --max-seqs N  --no-prefix-cache\n"                                      \
-    "  --device auto|cpu|cuda|cuda:N   where the model runs (default auto: the GPU if there\n"   \
-    "                          is one, else the CPU; musa = cuda in a MUSA build)\n"             \
-    "  --gpu-mem-fraction F    share of GPU memory cllm may use in all (default 0.9): the KV\n"   \
-    "                          cache gets what the weights leave of it\n"                        \
-    "  --no-device-check       skip comparing the GPU's logits with the CPU's at start (a GPU\n" \
-    "                          that fails it: auto runs on the CPU, cuda stops with an error)\n" \
-    "  --cpu-weights stored|q6_k   float weights on the CPU (also after a GPU fails): as the\n" \
-    "                          files store them (default, exact), or quantized to Q6_K at\n"     \
-    "                          load: ~1.5x faster batches, ~2%% error per weight\n"
+    "  --batch-tokens N  --max-seqs N  --no-prefix-cache\n"                                        \
+    "  --device auto|cpu|cuda|cuda:N   where the model runs (default auto: the GPU if there\n"     \
+    "                          is one, else the CPU; musa = cuda in a MUSA build)\n"               \
+    "  --gpu-mem-fraction F    share of GPU memory cllm may use in all (default 0.9): the KV\n"    \
+    "                          cache gets what the weights leave of it\n"                          \
+    "  --no-device-check       skip comparing the GPU's logits with the CPU's at start (a GPU\n"   \
+    "                          that fails it: auto runs on the CPU, cuda stops with an error)\n"   \
+    "  --cpu-weights stored|q6_k   float weights on the CPU (also after a GPU fails): as the\n"    \
+    "                          files store them (default), or quantized to Q6_K at load:\n"        \
+    "                          ~1.5x faster batches on AVX2 CPUs (not on AVX-512 BF16 ones,\n"     \
+    "                          whose BF16 kernels are as fast), ~2%% error per weight\n"
 
 /* What the flags said; "set" bits record which sampling values were given explicitly. */
 struct cllm_gen_opts {
