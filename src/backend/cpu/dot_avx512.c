@@ -49,6 +49,20 @@ INLINE __m512bh load_bh(const void *p)
     return (__m512bh)_mm512_loadu_si512(p);
 }
 
+/* One step: acc[r][t] gains the products of weight vector wv[r] and token t's activations at
+ * element i. */
+INLINE void bf16_step(__m512 acc[6][8], const __m512bh *wv, const uint16_t *const *x, int64_t i,
+                      const int R, const int T)
+{
+    UNROLL
+    for (int t = 0; t < T; t++) {
+        const __m512bh xv = load_bh(x[t] + i);
+        UNROLL
+        for (int r = 0; r < R; r++)
+            acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wv[r], xv);
+    }
+}
+
 /*
  * R weight rows times T tokens: R * T accumulators of 16 lanes. Lane l of an output adds, step
  * by step, the pair (2l, 2l + 1) of each 32 elements (vdpbf16ps: the odd product, then the even
@@ -70,32 +84,19 @@ INLINE void bf16_micro(const uint8_t *w, size_t row_bytes, int64_t K, const uint
     for (int r = 0; r < R; r++)
         wr[r] = (const uint16_t *)(const void *)(w + (size_t)r * row_bytes);
     int64_t i = 0;
+    __m512bh wv[6];
     for (; i + STEP <= K; i += STEP) {
-        __m512bh wv[6];
         UNROLL
         for (int r = 0; r < R; r++)
             wv[r] = load_bh(wr[r] + i);
-        UNROLL
-        for (int t = 0; t < T; t++) {
-            const __m512bh xv = load_bh(x[t] + i);
-            UNROLL
-            for (int r = 0; r < R; r++)
-                acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wv[r], xv);
-        }
+        bf16_step(acc, wv, x, i, R, T);
     }
     if (i < K) { /* a weight row may end anywhere: no load past its last element */
         const __mmask32 m = (__mmask32)((1ull << (K - i)) - 1u);
-        __m512bh wv[6];
         UNROLL
         for (int r = 0; r < R; r++)
             wv[r] = (__m512bh)_mm512_maskz_loadu_epi16(m, wr[r] + i);
-        UNROLL
-        for (int t = 0; t < T; t++) {
-            const __m512bh xv = load_bh(x[t] + i);
-            UNROLL
-            for (int r = 0; r < R; r++)
-                acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wv[r], xv);
-        }
+        bf16_step(acc, wv, x, i, R, T);
     }
     UNROLL
     for (int r = 0; r < R; r++)
