@@ -1,11 +1,13 @@
 /*
- * The matmul driver: validates shapes, quantizes the activations once per call into scratch,
- * then hands out (token chunk, row range) work items to the pool's threads. For each weight row
- * of an item the kernel runs on tiles of CLLM_MM_TILE tokens, so a weight block is decoded once
- * per tile (GEMM, not repeated GEMV), while the row range stays in cache across the tiles.
- * Every output element is computed by exactly one kernel call whose arithmetic for a token does
- * not depend on the other tokens of the tile, nor on which thread runs it, so results do not
- * depend on the thread count or the batch.
+ * The matmul driver: picks the kernel family at first use (detect, below), validates shapes,
+ * quantizes the activations once per call into scratch (8 bits for quantized weights; BF16
+ * for BF16 weights under the AVX-512 BF16 kernels), then hands out (token chunk, row range)
+ * work items to the pool's threads. For each weight row of an item the kernel runs on tiles of
+ * CLLM_MM_TILE tokens, so a weight block is decoded once per tile (GEMM, not repeated GEMV),
+ * while the row range stays in cache across the tiles. Every output element is computed by
+ * exactly one kernel call whose arithmetic for a token does not depend on the other tokens of
+ * the tile, nor on which thread runs it, so results do not depend on the thread count or the
+ * batch.
  */
 #include "backend/cpu/matmul.h"
 
