@@ -5,10 +5,10 @@
  * "cold", cycling through the same tensor of every layer (more bytes than the L3 cache), next to
  * this machine's plain memory-read bandwidth measured in the same run, its bound. Synthetic
  * F32/F16/BF16 weights cover the float paths (also the 1.5B model's FFN shapes in BF16, and the
- * same quantized to Q6_K as --cpu-weights q6_k does); on a CPU with AVX-512 BF16 the BF16 ones
- * also run under the AVX2 kernels (F32 activations), beside. Times are medians of repeated
- * calls.
- * Usage: bench_matmul [model.gguf] [max_threads]
+ * same quantized to Q6_K as --cpu-weights q6_k does, and in Q8_0); on a CPU with AVX-512 BF16 the
+ * BF16 ones also run under the AVX2 kernels (F32 activations), beside, and on one with AVX-512 VNNI
+ * the K-quant ones too. Times are medians of repeated calls. Usage: bench_matmul [model.gguf]
+ * [max_threads]
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -21,6 +21,7 @@
 #include "core/f16.h"
 #include "model/gguf.h"
 #include "tensor/convert.h"
+#include "tensor/quant.h"
 
 #define DEFAULT_MODEL "/root/.cache/cllm/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 #define MIN_SECONDS 0.4
@@ -153,6 +154,9 @@ int main(int argc, char **argv)
         return 1;
     }
     printf("model %s, kernels %s\n", path, cllm_cpu_matmul_isa());
+    /* whether this CPU has the AVX-512 VNNI kernels (the fastest family includes them) */
+    const bool vnni = cllm_cpu_matmul_use_isa("avx512vnni");
+    cllm_cpu_matmul_use_isa(NULL);
 
     const char *names[] = {"blk.0.ffn_up.weight", "blk.0.ffn_down.weight", "output.weight"};
     const struct cllm_tensor *hot[3];
@@ -207,21 +211,34 @@ int main(int argc, char **argv)
     }
 
     /* The 1.5B model's BF16 FFN weights quantized to Q6_K at load, as --cpu-weights q6_k
-     * does: what the CPU's 8-bit path gains over the float one. */
-    enum { N_Q6 = 2 };
-    struct cllm_tensor q6[N_Q6];
-    void *q6data[N_Q6];
-    for (int f = 0; f < N_Q6; f++) {
-        const struct cllm_tensor *src = &synth[N_SYNTH - N_Q6 + f];
+     * does: what the CPU's 8-bit path gains over the float one; then the same shapes in Q8_0
+     * (a common GGUF export of a fine-tune), of pseudo-random quants (the speed does not
+     * depend on their values). */
+    enum { N_Q6 = 2, N_QS = 4 };
+    struct cllm_tensor qsyn[N_QS];
+    void *qsyn_data[N_QS];
+    for (int f = 0; f < N_QS; f++) {
+        const struct cllm_tensor *src = &synth[N_SYNTH - N_Q6 + f % N_Q6];
+        const enum cllm_dtype type = f < N_Q6 ? CLLM_DTYPE_Q6_K : CLLM_DTYPE_Q8_0;
         uint64_t bytes;
-        if (!cllm_dtype_row_bytes(CLLM_DTYPE_Q6_K, src->ne[0], &bytes))
+        if (!cllm_dtype_row_bytes(type, src->ne[0], &bytes))
             return 1;
         bytes *= (uint64_t)src->ne[1];
-        if (!(q6data[f] = malloc(bytes)) ||
-            !cllm_convert_rows_q6_k(src, 0, src->ne[1], q6data[f], max_threads))
+        if (!(qsyn_data[f] = malloc(bytes)))
             return 1;
-        q6[f] = (struct cllm_tensor){"synthetic", CLLM_DTYPE_Q6_K, 2,
-                                     {src->ne[0], src->ne[1], 1, 1}, bytes, q6data[f]};
+        if (type == CLLM_DTYPE_Q6_K &&
+            !cllm_convert_rows_q6_k(src, 0, src->ne[1], qsyn_data[f], max_threads))
+            return 1;
+        if (type == CLLM_DTYPE_Q8_0) {
+            struct cllm_block_q8_0 *blk = qsyn_data[f];
+            for (uint64_t i = 0; i < bytes / sizeof *blk; i++) {
+                blk[i].d = cllm_f32_to_f16(0.01f);
+                for (int j = 0; j < CLLM_QK; j++)
+                    blk[i].qs[j] = (int8_t)((i * 2654435761u + (uint64_t)j * 40503u) >> 7);
+            }
+        }
+        qsyn[f] = (struct cllm_tensor){"synthetic", type,        2, {src->ne[0], src->ne[1], 1, 1},
+                                       bytes,       qsyn_data[f]};
     }
 
     /* Touch the weights once so page faults stay out of the timings. */
@@ -239,18 +256,36 @@ int main(int argc, char **argv)
             return 1;
         printf("\n== %d thread%s: memory read bandwidth (1 GiB sum) %.2f GB/s\n", nth,
                nth > 1 ? "s" : "", read_bandwidth(tp, (size_t)1 << 30));
-        for (int c = 0; c < 2; c++) {
+        /* The model's K-quants under this CPU's kernels and, where those are AVX-512 VNNI's,
+         * under AVX2's beside (labels end in the family). */
+        const char *best = cllm_cpu_matmul_isa();
+        for (int v = 0; v < (vnni ? 2 : 1); v++) {
+            cllm_cpu_matmul_use_isa(v ? "avx2" : best);
+            const char *isa = cllm_cpu_matmul_isa();
             char label[64];
-            snprintf(label, sizeof label, "decode cold (%d layers)", n_cold[c]);
-            bench_tensor(tp, label, cold[c], n_cold[c], 1);
+            for (int c = 0; c < 2; c++) {
+                snprintf(label, sizeof label, "decode cold (%d layers) %s", n_cold[c], isa);
+                bench_tensor(tp, label, cold[c], n_cold[c], 1);
+            }
+            for (int i = 0; i < 3; i++) {
+                snprintf(label, sizeof label, "%s %s",
+                         i == 2 ? "decode (cold: 1 tensor)" : "decode hot (L3)", isa);
+                bench_tensor(tp, label, &hot[i], 1, 1);
+            }
+            static const int64_t prefill[] = {64, 512};
+            snprintf(label, sizeof label, "prefill %s", isa);
+            for (int p = 0; p < 2; p++)
+                for (int i = 0; i < 2; i++)
+                    bench_tensor(tp, label, &hot[i], 1, prefill[p]);
+            for (int f = 0; f < N_QS; f++) {
+                const struct cllm_tensor *t = &qsyn[f];
+                snprintf(label, sizeof label, "decode synth %s", isa);
+                bench_tensor(tp, label, &t, 1, 1);
+                snprintf(label, sizeof label, "prefill synth %s", isa);
+                bench_tensor(tp, label, &t, 1, 64);
+            }
         }
-        for (int i = 0; i < 3; i++)
-            bench_tensor(tp, i == 2 ? "decode (cold: 1 tensor)" : "decode hot (L3)", &hot[i], 1,
-                         1);
-        static const int64_t prefill[] = {64, 512};
-        for (int p = 0; p < 2; p++)
-            for (int i = 0; i < 2; i++)
-                bench_tensor(tp, "prefill", &hot[i], 1, prefill[p]);
+        cllm_cpu_matmul_use_isa(best);
         for (int f = 0; f < N_SYNTH; f++) {
             const struct cllm_tensor *t = &synth[f];
             /* BF16 also under AVX2's kernels (F32 activations) where this CPU's differ */
@@ -266,17 +301,12 @@ int main(int argc, char **argv)
             }
             cllm_cpu_matmul_use_isa(isa);
         }
-        for (int f = 0; f < N_Q6; f++) {
-            const struct cllm_tensor *t = &q6[f];
-            bench_tensor(tp, "decode (synthetic)", &t, 1, 1);
-            bench_tensor(tp, "prefill (synthetic)", &t, 1, 64);
-        }
         cllm_threadpool_free(tp);
     }
     for (int f = 0; f < N_SYNTH; f++)
         free(sdata[f]);
-    for (int f = 0; f < N_Q6; f++)
-        free(q6data[f]);
+    for (int f = 0; f < N_QS; f++)
+        free(qsyn_data[f]);
     cllm_gguf_free(g);
     return 0;
 }

@@ -1,12 +1,12 @@
 /*
  * The CPU matmul (backend/cpu/matmul.h) on random weights of every dtype at awkward sizes, under
- * each SIMD kernel family this CPU runs (AVX2; AVX-512 BF16, whose BF16 weights take BF16
- * activations): SIMD against scalar kernels (bit-equal for quantized weights, by design; to
- * rounding for float weights), both against a double-precision reference on the dequantized
- * weights and the activations as the kernels see them (8-bit quantized or rounded to BF16:
- * only rounding differs) and, looser, against the unrounded activations; identical bits for 1,
- * 2 and 3 threads and for a token alone or inside a batch; the activation quantizer and the
- * BF16 rounding themselves; and the error returns.
+ * each SIMD kernel family this CPU runs (AVX2; AVX-512 VNNI, K-quants; AVX-512 BF16, whose BF16
+ * weights take BF16 activations): SIMD against scalar kernels (bit-equal for quantized weights, by
+ * design; to rounding for float weights), both against a double-precision reference on the
+ * dequantized weights and the activations as the kernels see them (8-bit quantized or rounded to
+ * BF16: only rounding differs) and, looser, against the unrounded activations; identical bits for
+ * 1, 2 and 3 threads and for a token alone or inside a batch; the activation quantizer and the BF16
+ * rounding themselves; and the error returns.
  */
 #include <math.h>
 #include <stddef.h>
@@ -505,11 +505,17 @@ static void test_to_bf16(void)
 int main(void)
 {
     const char *best = cllm_cpu_matmul_isa();
-    const bool avx2 = cllm_cpu_matmul_use_isa("avx2");
-    const bool bf16_acts = cllm_cpu_matmul_use_isa("avx512bf16");
+    /* the SIMD families, slowest first; each runs every dtype (most share the one before's
+     * kernels, which costs little) */
+    static const char *const simd[] = {"avx2", "avx512vnni", "avx512bf16"};
+    bool has[3];
+    for (int f = 0; f < 3; f++)
+        has[f] = cllm_cpu_matmul_use_isa(simd[f]);
+    const bool avx2 = has[0], bf16_acts = has[2];
     CHECK(cllm_cpu_matmul_use_isa(NULL) && strcmp(cllm_cpu_matmul_isa(), best) == 0);
-    printf("matmul kernels: %s%s%s\n", best,
+    printf("matmul kernels: %s%s%s%s\n", best,
            avx2 ? "" : " (no AVX2 on this CPU: SIMD-vs-scalar checks compare scalar with itself)",
+           has[1] ? "" : " (no AVX-512 VNNI on this CPU: its kernels are not run)",
            bf16_acts ? "" : " (no AVX-512 BF16 on this CPU: its kernels are not run)");
     CHECK(cllm_cpu_matmul_use_isa("scalar") && strcmp(cllm_cpu_matmul_isa(), "scalar") == 0);
     CHECK(!cllm_cpu_matmul_bf16_activations());
@@ -532,10 +538,11 @@ int main(void)
     };
     static const int64_t Ns[] = {1, 3, 17, 257};
     static const int64_t nts[] = {1, 2, 5, 33};
-    /* Every dtype under this CPU's fastest family; where that is AVX-512 BF16, BF16 weights
-     * once more under AVX2's F32 activations (its other dtypes are AVX2's kernels anyway). */
-    for (int pass = 0; pass < (bf16_acts ? 2 : 1); pass++) {
-        CHECK(cllm_cpu_matmul_use_isa(pass ? "avx2" : NULL));
+    /* Every dtype under each family this CPU runs (scalar against itself where none). */
+    for (int pass = 0; pass < 3; pass++) {
+        if (pass > 0 && !has[pass])
+            continue;
+        CHECK(cllm_cpu_matmul_use_isa(has[pass] ? simd[pass] : NULL));
         memset(worst_q, 0, sizeof worst_q);
         memset(worst_x, 0, sizeof worst_x);
         memset(sum_err2, 0, sizeof sum_err2);
@@ -543,8 +550,6 @@ int main(void)
         memset(sum_pred2, 0, sizeof sum_pred2);
         for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
             const enum cllm_dtype type = types[i];
-            if (pass && type != CLLM_DTYPE_BF16)
-                continue;
             const int64_t bs = cllm_dtype_traits(type)->block_size;
             /* one block; several blocks (float: every tail length of the 32-, 16- and
              * 8-element steps, and a whole number of 32-element steps) */
@@ -567,8 +572,6 @@ int main(void)
          * F32 activations have only rounding (1e-6). */
         for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
             const enum cllm_dtype t = types[i];
-            if (pass && t != CLLM_DTYPE_BF16)
-                continue;
             const double rms = sqrt(sum_err2[t] / sum_ref2[t]);
             const double pred = sqrt(sum_pred2[t] / sum_ref2[t]);
             printf("%-10s %-5s worst |y - ref(xq)| / sum|w xq| = %.2e, worst |y - ref(x)| / "

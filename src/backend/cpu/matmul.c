@@ -49,11 +49,11 @@
 
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
 /* The kernel families this CPU runs, slowest first; the last is the default. */
-static const struct cllm_matmul_kernels *families[3];
+static const struct cllm_matmul_kernels *families[4];
 static int n_families;
 static _Atomic(const struct cllm_matmul_kernels *) active;
 #if defined(__x86_64__) || defined(__i386__)
-static struct cllm_matmul_kernels avx512bf16_kernels;
+static struct cllm_matmul_kernels avx512vnni_kernels, avx512bf16_kernels;
 
 /* F16C from CPUID itself: clang's __builtin_cpu_supports does not know "f16c". */
 static bool cpu_has_f16c(void)
@@ -81,9 +81,17 @@ static void detect(void)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c()) {
         families[n_families++] = cllm_matmul_kernels_avx2();
-        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16")) {
-            avx512bf16_kernels = *cllm_matmul_kernels_avx2();
+        /* each AVX-512 family adds its kernels to the one before: CPUs with BF16 have VNNI */
+        const bool avx512 = __builtin_cpu_supports("avx512f") &&
+                            __builtin_cpu_supports("avx512bw") &&
+                            __builtin_cpu_supports("avx512vl");
+        if (avx512 && __builtin_cpu_supports("avx512vnni")) {
+            avx512vnni_kernels = *families[n_families - 1];
+            cllm_matmul_kernels_add_avx512vnni(&avx512vnni_kernels);
+            families[n_families++] = &avx512vnni_kernels;
+        }
+        if (avx512 && __builtin_cpu_supports("avx512bf16")) {
+            avx512bf16_kernels = *families[n_families - 1];
             cllm_matmul_kernels_add_avx512bf16(&avx512bf16_kernels);
             families[n_families++] = &avx512bf16_kernels;
         }
@@ -98,7 +106,7 @@ static void detect(void)
         else
             cllm_log(CLLM_LOG_WARN,
                      "CLLM_CPU_ISA=%s: not a kernel family this CPU runs "
-                     "(scalar, avx2, avx512bf16); using %s",
+                     "(scalar, avx2, avx512vnni, avx512bf16); using %s",
                      want, best->isa);
     }
     atomic_store(&active, best);

@@ -1,7 +1,7 @@
 /*
  * Internal contract between the matmul driver (matmul.c) and its kernels (dot_ref.c, the scalar
- * reference; dot_avx2.c; dot_avx512.c): the layout of quantized activations, the kernel
- * signatures and the per-ISA kernel table.
+ * reference; dot_avx2.c; dot_avx512vnni.c; dot_avx512.c): the layout of quantized activations, the
+ * kernel signatures and the per-ISA kernel table.
  *
  * Quantized activations are stored in tiles of CLLM_MM_TILE tokens (T), the unit a kernel call
  * works on; the scales and sums of a tile's tokens sit side by side so one vector load fetches
@@ -112,7 +112,7 @@ typedef void (*cllm_quant_fn)(const float *x, int64_t nb, int8_t *qs, float *d, 
                               int64_t step);
 
 struct cllm_matmul_kernels {
-    const char *isa;                          /* "scalar", "avx2", "avx512bf16" */
+    const char *isa;                          /* "scalar", "avx2", "avx512vnni", "avx512bf16" */
     cllm_quant_fn quant[CLLM_ACT_KIND_COUNT]; /* by enum cllm_act_kind: Q8_0 and Q8_K only */
     cllm_dot_fn dot[CLLM_DTYPE_COUNT]; /* by quantized weight dtype */
     /* By float weight dtype; dot_rows[BF16] reads BF16 activation rows where to_bf16 is set
@@ -196,8 +196,10 @@ const struct cllm_matmul_kernels *cllm_matmul_kernels_scalar(void);
 #if defined(__x86_64__) || defined(__i386__)
 /* Only to be used after a run-time check for AVX2 + FMA + F16C. */
 const struct cllm_matmul_kernels *cllm_matmul_kernels_avx2(void);
-/* Turns a copy of the AVX2 family into the AVX-512 BF16 one: only to be used after a run-time
- * check for AVX-512 F, BW, VL and BF16 as well. */
+/* Turn a copy of the AVX2 family (or of one these made) into the AVX-512 VNNI one (K-quant
+ * weights) and the AVX-512 BF16 one (BF16 weights): only to be used after a run-time check for
+ * AVX-512 F, BW, VL and VNNI, or BF16, as well. */
+void cllm_matmul_kernels_add_avx512vnni(struct cllm_matmul_kernels *k);
 void cllm_matmul_kernels_add_avx512bf16(struct cllm_matmul_kernels *k);
 #endif
 

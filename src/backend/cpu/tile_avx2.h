@@ -1,0 +1,146 @@
+/*
+ * Pieces shared by the kernels of dot_avx2.c and dot_avx512vnni.c (both compiled with at least
+ * the AVX2 flags; include only from such files): the tile of up to CLLM_MM_TILE tokens a
+ * quantized kernel works on, its per-token reductions, a K-quant block's float part and the
+ * stores.
+ */
+#ifndef CLLM_BACKEND_CPU_TILE_AVX2_H
+#define CLLM_BACKEND_CPU_TILE_AVX2_H
+
+#include <immintrin.h>
+#include <string.h>
+
+#include "backend/cpu/quant_dot.h"
+
+#define TILE CLLM_MM_TILE
+#define INLINE static inline __attribute__((always_inline))
+/* Per-token arrays must become registers: unroll the short constant loops fully. */
+#define UNROLL _Pragma("GCC unroll 8")
+/* Keeps an accumulator in its register at this point: without it GCC re-associates the integer
+ * sums of a block into a tree whose intermediate products do not fit the 16 registers. */
+#define PIN(v) __asm__("" : "+x"(v))
+
+/* [sum(v0), sum(v1), sum(v2), sum(v3)] of four vectors of 8 int32. */
+INLINE __m128i hsum4_epi32(__m256i v0, __m256i v1, __m256i v2, __m256i v3)
+{
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+/* The sum of the 8 int32 of v. */
+INLINE int32_t hsum_epi32(__m256i v)
+{
+    __m128i r = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    r = _mm_add_epi32(r, _mm_unpackhi_epi64(r, r));
+    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 1));
+    return _mm_cvtsi128_si32(r);
+}
+
+/* Per token slot t < NT (NT = 4 or 8): the sum of v[t]; slots past NT are zero. */
+INLINE __m256i tile_hsum(const __m256i *v, const int NT)
+{
+    if (NT <= 4)
+        return _mm256_zextsi128_si256(hsum4_epi32(v[0], v[1], v[2], v[3]));
+    /* a: per 128-bit lane, partial sums of slots 0-3; b: of slots 4-7 */
+    const __m256i a =
+        _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i b =
+        _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20),
+                            _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+/* Block b's activation scales of the tile's token slots (NT = 4: the upper four are zero). */
+INLINE __m256 tile_d(const struct cllm_act_tile *tk, int64_t b, const int NT)
+{
+    if (NT <= 4)
+        return _mm256_zextps128_ps256(_mm_loadu_ps(tk->d + b * TILE));
+    return _mm256_loadu_ps(tk->d + b * TILE);
+}
+
+INLINE void store_tile(__m256 acc, int nt, float *y, int64_t ldy)
+{
+    float v[8];
+    _mm256_storeu_ps(v, acc);
+    for (int t = 0; t < nt; t++)
+        y[t * ldy] = v[t];
+}
+
+INLINE float f16_at(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* Decode streams weights from memory: ask for the bytes PREFETCH_AHEAD past the block early. */
+#define PREFETCH_AHEAD 768
+INLINE void prefetch_block(const uint8_t *w, size_t bytes)
+{
+    for (size_t o = 0; o < bytes; o += 64)
+        _mm_prefetch((const char *)(w + PREFETCH_AHEAD + o), _MM_HINT_T0);
+}
+
+INLINE __m256i loadu256(const void *p)
+{
+    return _mm256_loadu_si256((const __m256i *)p);
+}
+
+/*
+ * The float part of K-quant block b for the tile, in the scalar kernels' order (quant_dot.h):
+ * acc += (dx * d) * isum, and for Q4_K / Q5_K (mins: the 6-bit minimum of each group of 16's
+ * sub-block, as int16) acc -= (dx * dmin) * msum, msum the token's group sums times those.
+ * isum is the sum of each token's 8 int32 lanes (lanes[] is overwritten). One token (NT = 1)
+ * adds to the first lane of acc1 instead.
+ */
+INLINE void k_block_float(const struct cllm_act_tile *tk, int64_t b, float d, float dmin,
+                          const int with_min, __m256i mins, __m256i *lanes, __m256 *acc,
+                          __m128 *acc1, const int NT)
+{
+    if (NT == 1 && !with_min) {
+        const __m128 p = _mm_mul_ss(_mm_mul_ss(_mm_set_ss(tk->d[b * tk->step]), _mm_set_ss(d)),
+                                    _mm_cvtsi32_ss(_mm_setzero_ps(), hsum_epi32(lanes[0])));
+        *acc1 = _mm_add_ss(*acc1, p);
+        return;
+    }
+    if (NT == 1) {
+        /* [isum, msum] in one reduction; then acc += (dx*d)*isum, acc -= (dx*dmin)*msum */
+        const __m256i ms = _mm256_madd_epi16(loadu256(tk->sums + b * tk->step * 16), mins);
+        const __m256i h = _mm256_hadd_epi32(lanes[0], ms);
+        __m128i r = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        r = _mm_hadd_epi32(r, r);
+        const __m128 p =
+            _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(tk->d[b * tk->step]), _mm_setr_ps(d, dmin, d, dmin)),
+                       _mm_cvtepi32_ps(r));
+        *acc1 = _mm_add_ss(*acc1, p);
+        *acc1 = _mm_sub_ss(*acc1, _mm_movehdup_ps(p));
+        return;
+    }
+    const __m256 isum = _mm256_cvtepi32_ps(tile_hsum(lanes, NT));
+    const __m256 dx = tile_d(tk, b, NT);
+    *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(dx, _mm256_set1_ps(d)), isum));
+    if (!with_min)
+        return;
+    UNROLL
+    for (int t = 0; t < NT; t++)
+        lanes[t] = _mm256_madd_epi16(loadu256(tk->sums + (b * TILE + t) * 16), mins);
+    const __m256 ms = _mm256_cvtepi32_ps(tile_hsum(lanes, NT));
+    *acc = _mm256_sub_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(dx, _mm256_set1_ps(dmin)), ms));
+}
+
+/*
+ * Runs fn(..., nt, NT) with NT a compile-time constant (1, 4 or 8) no smaller than nt, so
+ * per-token arrays live in registers. Slots nt..NT-1 read token 0's quants with the zero scales
+ * of the tile's padding, and their results are dropped.
+ */
+#define TILE_DISPATCH(fn, ...)                                                                     \
+    do {                                                                                           \
+        if (nt == 1)                                                                               \
+            fn(__VA_ARGS__, 1, 1);                                                                 \
+        else if (nt <= 4)                                                                          \
+            fn(__VA_ARGS__, nt, 4);                                                                \
+        else                                                                                       \
+            fn(__VA_ARGS__, nt, 8);                                                                \
+    } while (0)
+
+#endif
