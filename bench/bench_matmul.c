@@ -143,6 +143,22 @@ static void bench_tensor(struct cllm_threadpool *tp, const char *label,
     free(scratch);
 }
 
+/* bench_tensor under this CPU's kernels and, where vnni (its family has AVX-512 VNNI's), at
+ * once under AVX2's: a moment apart, as this VM's speed drifts by 10-20% over minutes. Labels
+ * end in the family. */
+static void bench_families(struct cllm_threadpool *tp, const char *what,
+                           const struct cllm_tensor *const *w, int n, int64_t nt, bool vnni)
+{
+    const char *best = cllm_cpu_matmul_isa();
+    for (int v = 0; v < (vnni ? 2 : 1); v++) {
+        char label[64];
+        cllm_cpu_matmul_use_isa(v ? "avx2" : best);
+        snprintf(label, sizeof label, "%s %s", what, cllm_cpu_matmul_isa());
+        bench_tensor(tp, label, w, n, nt);
+    }
+    cllm_cpu_matmul_use_isa(best);
+}
+
 int main(int argc, char **argv)
 {
     const char *path = argc > 1 ? argv[1] : DEFAULT_MODEL;
@@ -256,36 +272,24 @@ int main(int argc, char **argv)
             return 1;
         printf("\n== %d thread%s: memory read bandwidth (1 GiB sum) %.2f GB/s\n", nth,
                nth > 1 ? "s" : "", read_bandwidth(tp, (size_t)1 << 30));
-        /* The model's K-quants under this CPU's kernels and, where those are AVX-512 VNNI's,
-         * under AVX2's beside (labels end in the family). */
-        const char *best = cllm_cpu_matmul_isa();
-        for (int v = 0; v < (vnni ? 2 : 1); v++) {
-            cllm_cpu_matmul_use_isa(v ? "avx2" : best);
-            const char *isa = cllm_cpu_matmul_isa();
-            char label[64];
-            for (int c = 0; c < 2; c++) {
-                snprintf(label, sizeof label, "decode cold (%d layers) %s", n_cold[c], isa);
-                bench_tensor(tp, label, cold[c], n_cold[c], 1);
-            }
-            for (int i = 0; i < 3; i++) {
-                snprintf(label, sizeof label, "%s %s",
-                         i == 2 ? "decode (cold: 1 tensor)" : "decode hot (L3)", isa);
-                bench_tensor(tp, label, &hot[i], 1, 1);
-            }
-            static const int64_t prefill[] = {64, 512};
-            snprintf(label, sizeof label, "prefill %s", isa);
-            for (int p = 0; p < 2; p++)
-                for (int i = 0; i < 2; i++)
-                    bench_tensor(tp, label, &hot[i], 1, prefill[p]);
-            for (int f = 0; f < N_QS; f++) {
-                const struct cllm_tensor *t = &qsyn[f];
-                snprintf(label, sizeof label, "decode synth %s", isa);
-                bench_tensor(tp, label, &t, 1, 1);
-                snprintf(label, sizeof label, "prefill synth %s", isa);
-                bench_tensor(tp, label, &t, 1, 64);
-            }
+        /* The model's K-quants and the synthetic 8-bit weights */
+        for (int c = 0; c < 2; c++) {
+            char what[64];
+            snprintf(what, sizeof what, "decode cold (%d layers)", n_cold[c]);
+            bench_families(tp, what, cold[c], n_cold[c], 1, vnni);
         }
-        cllm_cpu_matmul_use_isa(best);
+        for (int i = 0; i < 3; i++)
+            bench_families(tp, i == 2 ? "decode (cold: 1 tensor)" : "decode hot (L3)", &hot[i], 1,
+                           1, vnni);
+        static const int64_t prefill[] = {64, 512};
+        for (int p = 0; p < 2; p++)
+            for (int i = 0; i < 2; i++)
+                bench_families(tp, "prefill", &hot[i], 1, prefill[p], vnni);
+        for (int f = 0; f < N_QS; f++) {
+            const struct cllm_tensor *t = &qsyn[f];
+            bench_families(tp, "decode synth", &t, 1, 1, vnni);
+            bench_families(tp, "prefill synth", &t, 1, 64, vnni);
+        }
         for (int f = 0; f < N_SYNTH; f++) {
             const struct cllm_tensor *t = &synth[f];
             /* BF16 also under AVX2's kernels (F32 activations) where this CPU's differ */

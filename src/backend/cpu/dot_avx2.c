@@ -133,26 +133,7 @@ INLINE void q45k_tile(const uint8_t *w, int64_t nb, const struct cllm_act_tile *
         }
         k_block_float(tk, b, f16_at(w), f16_at(w + 2), 1, mins, sumi, &acc, &acc1, NT);
     }
-    if (NT == 1)
-        y[0] = _mm_cvtss_f32(acc1);
-    else
-        store_tile(acc, nt, y, ldy);
-}
-
-static void dot_q4_k(const void *w, int64_t K, const struct cllm_act_view *a, int nt, float *y,
-                     int64_t ldy)
-{
-    struct cllm_act_tile tk;
-    cllm_act_tile_init(&tk, a, nt);
-    TILE_DISPATCH(q45k_tile, w, K / CLLM_QK_K, &tk, y, ldy, 0);
-}
-
-static void dot_q5_k(const void *w, int64_t K, const struct cllm_act_view *a, int nt, float *y,
-                     int64_t ldy)
-{
-    struct cllm_act_tile tk;
-    cllm_act_tile_init(&tk, a, nt);
-    TILE_DISPATCH(q45k_tile, w, K / CLLM_QK_K, &tk, y, ldy, 1);
+    store_results(acc, acc1, nt, y, ldy, NT);
 }
 
 /* --- Q6_K --- */
@@ -163,8 +144,9 @@ static void dot_q5_k(const void *w, int64_t K, const struct cllm_act_view *a, in
  * 32 * 16 * 128 * 2032 < 2^28, so every partial isum stays inside int32.
  */
 INLINE void q6k_tile(const uint8_t *w, int64_t nb, const struct cllm_act_tile *tk, float *y,
-                     int64_t ldy, int nt, const int NT)
+                     int64_t ldy, const int unused, int nt, const int NT)
 {
+    (void)unused;
     const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
     __m256 acc = _mm256_setzero_ps();
     __m128 acc1 = _mm_setzero_ps();
@@ -217,19 +199,10 @@ INLINE void q6k_tile(const uint8_t *w, int64_t nb, const struct cllm_act_tile *t
         k_block_float(tk, b, f16_at(w + CLLM_QK_K / 2 + CLLM_QK_K / 4 + CLLM_QK_K / 16), 0.0f, 0,
                       _mm256_setzero_si256(), sumi, &acc, &acc1, NT);
     }
-    if (NT == 1)
-        y[0] = _mm_cvtss_f32(acc1);
-    else
-        store_tile(acc, nt, y, ldy);
+    store_results(acc, acc1, nt, y, ldy, NT);
 }
 
-static void dot_q6_k(const void *w, int64_t K, const struct cllm_act_view *a, int nt, float *y,
-                     int64_t ldy)
-{
-    struct cllm_act_tile tk;
-    cllm_act_tile_init(&tk, a, nt);
-    TILE_DISPATCH(q6k_tile, w, K / CLLM_QK_K, &tk, y, ldy);
-}
+K_QUANT_KERNELS(q45k_tile, q6k_tile)
 
 /* --- legacy 32-blocks (legacy_avx2.h, with these three) --- */
 

@@ -135,26 +135,7 @@ INLINE void q45k_tile(const uint8_t *w, int64_t nb, const struct cllm_act_tile *
             lanes[t] = fold256(sumi[t]);
         k_block_float(tk, b, f16_at(w), f16_at(w + 2), 1, mins, lanes, &acc, &acc1, NT);
     }
-    if (NT == 1)
-        y[0] = _mm_cvtss_f32(acc1);
-    else
-        store_tile(acc, nt, y, ldy);
-}
-
-static void dot_q4_k(const void *w, int64_t K, const struct cllm_act_view *a, int nt, float *y,
-                     int64_t ldy)
-{
-    struct cllm_act_tile tk;
-    cllm_act_tile_init(&tk, a, nt);
-    TILE_DISPATCH(q45k_tile, w, K / CLLM_QK_K, &tk, y, ldy, 0);
-}
-
-static void dot_q5_k(const void *w, int64_t K, const struct cllm_act_view *a, int nt, float *y,
-                     int64_t ldy)
-{
-    struct cllm_act_tile tk;
-    cllm_act_tile_init(&tk, a, nt);
-    TILE_DISPATCH(q45k_tile, w, K / CLLM_QK_K, &tk, y, ldy, 1);
+    store_results(acc, acc1, nt, y, ldy, NT);
 }
 
 /* --- Q6_K --- */
@@ -167,8 +148,9 @@ static void dot_q5_k(const void *w, int64_t K, const struct cllm_act_view *a, in
  * elements, and the offset term, as in dot_avx2.c: every partial isum inside int32.
  */
 INLINE void q6k_tile(const uint8_t *w, int64_t nb, const struct cllm_act_tile *tk, float *y,
-                     int64_t ldy, int nt, const int NT)
+                     int64_t ldy, const int unused, int nt, const int NT)
 {
+    (void)unused;
     const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
     const __m512i high_lo = halves_epi16(4, 2), high_hi = halves_epi16(0, 2);
     __m256 acc = _mm256_setzero_ps();
@@ -209,19 +191,10 @@ INLINE void q6k_tile(const uint8_t *w, int64_t nb, const struct cllm_act_tile *t
         k_block_float(tk, b, f16_at(w + CLLM_QK_K / 2 + CLLM_QK_K / 4 + CLLM_QK_K / 16), 0.0f, 0,
                       _mm256_setzero_si256(), lanes, &acc, &acc1, NT);
     }
-    if (NT == 1)
-        y[0] = _mm_cvtss_f32(acc1);
-    else
-        store_tile(acc, nt, y, ldy);
+    store_results(acc, acc1, nt, y, ldy, NT);
 }
 
-static void dot_q6_k(const void *w, int64_t K, const struct cllm_act_view *a, int nt, float *y,
-                     int64_t ldy)
-{
-    struct cllm_act_tile tk;
-    cllm_act_tile_init(&tk, a, nt);
-    TILE_DISPATCH(q6k_tile, w, K / CLLM_QK_K, &tk, y, ldy);
-}
+K_QUANT_KERNELS(q45k_tile, q6k_tile)
 
 /* --- legacy 32-blocks (legacy_avx2.h, with these three) --- */
 

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "backend/cpu/quant_dot.h"
+#include "tensor/quant.h"
 
 #define TILE CLLM_MM_TILE
 #define INLINE static inline __attribute__((always_inline))
@@ -64,6 +65,15 @@ INLINE void store_tile(__m256 acc, int nt, float *y, int64_t ldy)
     _mm256_storeu_ps(v, acc);
     for (int t = 0; t < nt; t++)
         y[t * ldy] = v[t];
+}
+
+/* A row's results: the tile's acc, or one token's (NT = 1) in the first lane of acc1. */
+INLINE void store_results(__m256 acc, __m128 acc1, int nt, float *y, int64_t ldy, const int NT)
+{
+    if (NT == 1)
+        y[0] = _mm_cvtss_f32(acc1);
+    else
+        store_tile(acc, nt, y, ldy);
 }
 
 INLINE float f16_at(const uint8_t *p)
@@ -142,5 +152,22 @@ INLINE void k_block_float(const struct cllm_act_tile *tk, int64_t b, float d, fl
         else                                                                                       \
             fn(__VA_ARGS__, nt, 8);                                                                \
     } while (0)
+
+/* A K-quant kernel (cllm_dot_fn) that runs tile(w, blocks, tile, y, ldy, variant, nt, NT). */
+#define K_QUANT_KERNEL(name, tile, variant)                                                        \
+    static void name(const void *w, int64_t K, const struct cllm_act_view *a, int nt, float *y,    \
+                     int64_t ldy)                                                                  \
+    {                                                                                              \
+        struct cllm_act_tile tk;                                                                   \
+        cllm_act_tile_init(&tk, a, nt);                                                            \
+        TILE_DISPATCH(tile, w, K / CLLM_QK_K, &tk, y, ldy, variant);                               \
+    }
+
+/* dot_q4_k, dot_q5_k and dot_q6_k from a file's tile functions: q45k (variant: 1 for Q5_K)
+ * and q6k (variant unused). */
+#define K_QUANT_KERNELS(q45k, q6k)                                                                 \
+    K_QUANT_KERNEL(dot_q4_k, q45k, 0)                                                              \
+    K_QUANT_KERNEL(dot_q5_k, q45k, 1)                                                              \
+    K_QUANT_KERNEL(dot_q6_k, q6k, 0)
 
 #endif
