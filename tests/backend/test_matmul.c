@@ -1,12 +1,12 @@
 /*
  * The CPU matmul (backend/cpu/matmul.h) on random weights of every dtype at awkward sizes, under
- * each SIMD kernel family this CPU runs (AVX2; AVX-512 VNNI, K-quants; AVX-512 BF16, whose BF16
- * weights take BF16 activations): SIMD against scalar kernels (bit-equal for quantized weights, by
- * design; to rounding for float weights), both against a double-precision reference on the
- * dequantized weights and the activations as the kernels see them (8-bit quantized or rounded to
- * BF16: only rounding differs) and, looser, against the unrounded activations; identical bits for
- * 1, 2 and 3 threads and for a token alone or inside a batch; the activation quantizer and the BF16
- * rounding themselves; and the error returns.
+ * each SIMD kernel family this CPU runs (AVX2; AVX-512 VNNI, quantized weights; AVX-512 BF16,
+ * whose BF16 weights take BF16 activations): SIMD against scalar kernels (bit-equal for
+ * quantized weights, by design; to rounding for float weights), both against a double-precision
+ * reference on the dequantized weights and the activations as the kernels see them (8-bit
+ * quantized or rounded to BF16: only rounding differs) and, looser, against the unrounded
+ * activations; identical bits for 1, 2 and 3 threads and for a token alone or inside a batch;
+ * the activation quantizer and the BF16 rounding themselves; and the error returns.
  */
 #include <math.h>
 #include <stddef.h>

@@ -196,7 +196,7 @@ const struct cllm_matmul_kernels *cllm_matmul_kernels_scalar(void);
 #if defined(__x86_64__) || defined(__i386__)
 /* Only to be used after a run-time check for AVX2 + FMA + F16C. */
 const struct cllm_matmul_kernels *cllm_matmul_kernels_avx2(void);
-/* Turn a copy of the AVX2 family (or of one these made) into the AVX-512 VNNI one (K-quant
+/* Turn a copy of the AVX2 family (or of one these made) into the AVX-512 VNNI one (quantized
  * weights) and the AVX-512 BF16 one (BF16 weights): only to be used after a run-time check for
  * AVX-512 F, BW, VL and VNNI, or BF16, as well. */
 void cllm_matmul_kernels_add_avx512vnni(struct cllm_matmul_kernels *k);
