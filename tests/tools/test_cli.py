@@ -2,7 +2,7 @@
 """The cllm binary end to end: `cllm tokenize` matches the HF golden ids on GGUF and HF
 folders (stdin read exactly as given), `--decode` reverses it, `cllm info` describes both
 formats, and every kind of bad model file gives a one-line error naming the file and a
-non-zero exit, never a crash. Paths come from CTest's environment (scripts/test)."""
+non-zero exit, never a crash; `cllm bench`'s single-sequence mode runs with short prompts. Paths come from CTest's environment (scripts/test)."""
 import json
 import os
 import shutil
@@ -140,6 +140,18 @@ def test_generate_errors():
           f"generate streams an answer and reports rates: {r.stderr[-300:]}")
 
 
+def test_bench_single():
+    # The single-sequence benchmark decodes after a prompt of at most 16 of the prompt's tokens:
+    # a shorter --prompt-tokens once read past the prompt (garbage ids; ASan: heap overflow).
+    for n in ("1", "8", "20"):
+        r = run(["bench", "--model", GGUF, "--prompt-tokens", n, "--gen-tokens", "3", "--runs", "1",
+                 "--device", "cpu"])
+        check(r.returncode == 0 and b"prefill" in r.stdout,
+              f"bench --prompt-tokens {n}: exit {r.returncode}, {r.stderr[-300:]}")
+    r = run(["bench", "--model", GGUF, "--prompt-tokens", "0"])
+    check(r.returncode == 2 and b"positive" in r.stderr, "bench --prompt-tokens 0 is refused")
+
+
 def main():
     golden = json.load(open(os.path.join(FIXTURES, "tokenizer_golden.json")))["cases"]
     pick = {"english", "chinese", "code", "emoji", "whitespace_runs", "newline_runs", "trailing_spaces",
@@ -160,6 +172,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         test_bad_files(tmp)
     test_generate_errors()
+    test_bench_single()
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 

@@ -85,7 +85,8 @@ static int single(struct cllm_engine *e, const struct cllm_model_files *mf, int3
         }
         prefill[r] = prompt_tokens / (o.t_first_token - o.t_submit);
         p.max_tokens = gen_tokens;
-        if (!run_one(e, ids, 16, &p, &o)) {
+        /* decode after a short prompt: the first tokens of the long one (all, if fewer) */
+        if (!run_one(e, ids, prompt_tokens < 16 ? prompt_tokens : 16, &p, &o)) {
             rc = 1;
             break;
         }
