@@ -96,14 +96,11 @@ INLINE void q45k_tile(const uint8_t *w, int64_t nb, const struct cllm_act_tile *
     for (int64_t b = 0; b < nb; b++, w += bsize) {
         if (NT == 1)
             prefetch_block(w, bsize);
-        uint8_t sc[8], m[8];
-        cllm_k_scales_unpack(w + 4, sc, m);
+        const __m128i scm = k_scales_vec(w + 4); /* sc[0..8), then m[0..8) */
         const uint8_t *qhp = w + 4 + CLLM_K_SCALE_SIZE;
         const uint8_t *qs = qhp + (q5 ? CLLM_QK_K / 8 : 0);
-        const __m256i scales = _mm256_broadcastsi128_si256(
-            _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)sc)));
-        const __m128i m8 = _mm_loadl_epi64((const __m128i *)(const void *)m);
-        const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+        const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm));
         const __m256i qh = q5 ? loadu256(qhp) : _mm256_setzero_si256();
         __m256i sumi[TILE];
         UNROLL

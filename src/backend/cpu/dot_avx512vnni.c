@@ -92,15 +92,12 @@ INLINE void q45k_tile(const uint8_t *w, int64_t nb, const struct cllm_act_tile *
     for (int64_t b = 0; b < nb; b++, w += bsize) {
         if (NT == 1)
             prefetch_block(w, bsize);
-        uint8_t scm[16]; /* sc[0..8), then m[0..8) */
-        cllm_k_scales_unpack(w + 4, scm, scm + 8);
+        const __m128i scm = k_scales_vec(w + 4); /* sc[0..8), then m[0..8) */
         const uint8_t *qhp = w + 4 + CLLM_K_SCALE_SIZE;
         const uint8_t *qs = qhp + (q5 ? CLLM_QK_K / 8 : 0);
         /* int16 element j: sc[j] for j < 8 (the minimums above are unused here) */
-        const __m512i sc16 =
-            _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)scm)));
-        const __m128i m8 = _mm_loadl_epi64((const __m128i *)(const void *)(scm + 8));
-        const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+        const __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(scm));
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm));
         const __m512i qh = q5 ? bcast256(qhp) : _mm512_setzero_si512();
         __m512i sumi[TILE];
         UNROLL

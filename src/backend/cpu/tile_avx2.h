@@ -97,6 +97,27 @@ INLINE __m256i loadu256(const void *p)
 }
 
 /*
+ * A Q4_K / Q5_K block's 12 scale bytes at s as 16 bytes: the 8 six-bit scales, then the 8
+ * six-bit minimums (quant_dot.h's cllm_k_scales_unpack, in registers: bytes written and read
+ * back would stall on store forwarding in every block). Reads 16 bytes at s: a block's quants
+ * follow its scales.
+ */
+INLINE __m128i k_scales_vec(const uint8_t *s)
+{
+    /* words a, b, c of s; v = [a & 3f.., (c & 0f..) | ((a >> 2) & 30..), b & 3f..,
+     * ((c >> 4) & 0f..) | ((b >> 2) & 30..)] as in cllm_k_scales_unpack */
+    const __m128i x = _mm_loadu_si128((const __m128i *)(const void *)s);
+    const __m128i acbc = _mm_shuffle_epi32(x, _MM_SHUFFLE(2, 1, 2, 0));
+    const __m128i aabb = _mm_shuffle_epi32(x, _MM_SHUFFLE(1, 1, 0, 0));
+    const __m128i lo =
+        _mm_and_si128(_mm_srlv_epi32(acbc, _mm_setr_epi32(0, 0, 0, 4)),
+                      _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    const __m128i hi =
+        _mm_and_si128(_mm_srli_epi32(aabb, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    return _mm_or_si128(lo, hi);
+}
+
+/*
  * The float part of K-quant block b for the tile, in the scalar kernels' order (quant_dot.h):
  * acc += (dx * d) * isum, and for Q4_K / Q5_K (mins: the 6-bit minimum of each group of 16's
  * sub-block, as int16) acc -= (dx * dmin) * msum, msum the token's group sums times those.
