@@ -7,8 +7,8 @@
  * F32/F16/BF16 weights cover the float paths (also the 1.5B model's FFN shapes in BF16, and the
  * same quantized to Q6_K as --cpu-weights q6_k does, and in Q8_0); on a CPU with AVX-512 BF16 the
  * BF16 ones also run under the AVX2 kernels (F32 activations), beside, and on one with AVX-512 VNNI
- * the K-quant ones too. Times are medians of repeated calls. Usage: bench_matmul [model.gguf]
- * [max_threads]
+ * the 8-bit ones too. Times are medians of repeated calls.
+ * Usage: bench_matmul [model.gguf] [max_threads]
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -253,8 +253,10 @@ int main(int argc, char **argv)
                     blk[i].qs[j] = (int8_t)((i * 2654435761u + (uint64_t)j * 40503u) >> 7);
             }
         }
-        qsyn[f] = (struct cllm_tensor){"synthetic", type,        2, {src->ne[0], src->ne[1], 1, 1},
-                                       bytes,       qsyn_data[f]};
+        const struct cllm_tensor t = {
+            "synthetic", type, 2, {src->ne[0], src->ne[1], 1, 1}, bytes, qsyn_data[f],
+        };
+        qsyn[f] = t;
     }
 
     /* Touch the weights once so page faults stay out of the timings. */

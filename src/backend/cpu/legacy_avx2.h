@@ -197,18 +197,10 @@ INLINE void legacy_tile(const uint8_t *w, int64_t nb, const struct cllm_act_tile
     store_tile(acc, nt, y, ldy);
 }
 
-#define LEGACY_KERNEL(name, type)                                                                  \
-    static void name(const void *w, int64_t K, const struct cllm_act_view *a, int nt, float *y,    \
-                     int64_t ldy)                                                                  \
-    {                                                                                              \
-        struct cllm_act_tile tk;                                                                   \
-        cllm_act_tile_init(&tk, a, nt);                                                            \
-        TILE_DISPATCH(legacy_tile, w, K / CLLM_QK, &tk, y, ldy, type);                             \
-    }
-LEGACY_KERNEL(dot_q8_0, CLLM_DTYPE_Q8_0)
-LEGACY_KERNEL(dot_q4_0, CLLM_DTYPE_Q4_0)
-LEGACY_KERNEL(dot_q4_1, CLLM_DTYPE_Q4_1)
-LEGACY_KERNEL(dot_q5_0, CLLM_DTYPE_Q5_0)
-LEGACY_KERNEL(dot_q5_1, CLLM_DTYPE_Q5_1)
+QUANT_KERNEL(dot_q8_0, legacy_tile, CLLM_QK, CLLM_DTYPE_Q8_0)
+QUANT_KERNEL(dot_q4_0, legacy_tile, CLLM_QK, CLLM_DTYPE_Q4_0)
+QUANT_KERNEL(dot_q4_1, legacy_tile, CLLM_QK, CLLM_DTYPE_Q4_1)
+QUANT_KERNEL(dot_q5_0, legacy_tile, CLLM_QK, CLLM_DTYPE_Q5_0)
+QUANT_KERNEL(dot_q5_1, legacy_tile, CLLM_QK, CLLM_DTYPE_Q5_1)
 
 #endif

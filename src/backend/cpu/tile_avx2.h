@@ -174,21 +174,22 @@ INLINE void k_block_float(const struct cllm_act_tile *tk, int64_t b, float d, fl
             fn(__VA_ARGS__, nt, 8);                                                                \
     } while (0)
 
-/* A K-quant kernel (cllm_dot_fn) that runs tile(w, blocks, tile, y, ldy, variant, nt, NT). */
-#define K_QUANT_KERNEL(name, tile, variant)                                                        \
+/* A quantized-weight kernel (cllm_dot_fn) that runs tile(w, K / block, tile, y, ldy,
+ * variant, nt, NT) on the call's tokens (block: the weight's block size). */
+#define QUANT_KERNEL(name, tile, block, variant)                                                   \
     static void name(const void *w, int64_t K, const struct cllm_act_view *a, int nt, float *y,    \
                      int64_t ldy)                                                                  \
     {                                                                                              \
         struct cllm_act_tile tk;                                                                   \
         cllm_act_tile_init(&tk, a, nt);                                                            \
-        TILE_DISPATCH(tile, w, K / CLLM_QK_K, &tk, y, ldy, variant);                               \
+        TILE_DISPATCH(tile, w, K / (block), &tk, y, ldy, variant);                                 \
     }
 
 /* dot_q4_k, dot_q5_k and dot_q6_k from a file's tile functions: q45k (variant: 1 for Q5_K)
  * and q6k (variant unused). */
 #define K_QUANT_KERNELS(q45k, q6k)                                                                 \
-    K_QUANT_KERNEL(dot_q4_k, q45k, 0)                                                              \
-    K_QUANT_KERNEL(dot_q5_k, q45k, 1)                                                              \
-    K_QUANT_KERNEL(dot_q6_k, q6k, 0)
+    QUANT_KERNEL(dot_q4_k, q45k, CLLM_QK_K, 0)                                                     \
+    QUANT_KERNEL(dot_q5_k, q45k, CLLM_QK_K, 1)                                                     \
+    QUANT_KERNEL(dot_q6_k, q6k, CLLM_QK_K, 0)
 
 #endif
