@@ -7,7 +7,9 @@
  * F32/F16/BF16 weights cover the float paths (also the 1.5B model's FFN shapes in BF16, and the
  * same quantized to Q6_K as --cpu-weights q6_k does, and in Q8_0); on a CPU with AVX-512 BF16 the
  * BF16 ones also run under the AVX2 kernels (F32 activations), beside, and on one with AVX-512 VNNI
- * the 8-bit ones too. Times are medians of repeated calls.
+ * the 8-bit ones too. Weights streamed from memory for 8 and 32 tokens (every layer's K-quant
+ * tensors, BF16 matrices larger than the L3) run with the kernels' fetch-ahead on and off.
+ * Times are medians of repeated calls.
  * Usage: bench_matmul [model.gguf] [max_threads]
  */
 #include <stdint.h>
@@ -198,7 +200,7 @@ int main(int argc, char **argv)
     }
     /* Synthetic float weights (HF checkpoints): the 0.5B model's ffn_up in F32, F16 and BF16 of
      * the same values, and the 1.5B model's ffn_up and ffn_down in BF16 (LLaMA-Factory's). */
-    enum { N_SYNTH = 5 };
+    enum { N_SYNTH = 6, N_STREAMED = 2 };
     static const struct {
         enum cllm_dtype type;
         int64_t k, n;
@@ -206,7 +208,9 @@ int main(int argc, char **argv)
                               {CLLM_DTYPE_F16, 896, 4864},
                               {CLLM_DTYPE_BF16, 896, 4864},
                               {CLLM_DTYPE_BF16, 1536, 8960},
-                              {CLLM_DTYPE_BF16, 8960, 1536}};
+                              {CLLM_DTYPE_BF16, 8960, 1536},
+                              /* the 1.5B's stacked gate/up: more bytes than the L3 cache */
+                              {CLLM_DTYPE_BF16, 1536, 17920}};
     struct cllm_tensor synth[N_SYNTH];
     void *sdata[N_SYNTH];
     for (int f = 0; f < N_SYNTH; f++) {
@@ -234,7 +238,7 @@ int main(int argc, char **argv)
     struct cllm_tensor qsyn[N_QS];
     void *qsyn_data[N_QS];
     for (int f = 0; f < N_QS; f++) {
-        const struct cllm_tensor *src = &synth[N_SYNTH - N_Q6 + f % N_Q6];
+        const struct cllm_tensor *src = &synth[3 + f % N_Q6]; /* the 1.5B's FFN shapes */
         const enum cllm_dtype type = f < N_Q6 ? CLLM_DTYPE_Q6_K : CLLM_DTYPE_Q8_0;
         uint64_t bytes;
         if (!cllm_dtype_row_bytes(type, src->ne[0], &bytes))
@@ -292,7 +296,7 @@ int main(int argc, char **argv)
             bench_families(tp, "decode synth", &t, 1, 1, vnni);
             bench_families(tp, "prefill synth", &t, 1, 64, vnni);
         }
-        for (int f = 0; f < N_SYNTH; f++) {
+        for (int f = 0; f < N_SYNTH - 1; f++) {
             const struct cllm_tensor *t = &synth[f];
             /* BF16 also under AVX2's kernels (F32 activations) where this CPU's differ */
             const char *isa = cllm_cpu_matmul_isa();
@@ -307,6 +311,34 @@ int main(int argc, char **argv)
             }
             cllm_cpu_matmul_use_isa(isa);
         }
+        /* Weights streamed from memory for a few tokens (decode steps of several sequences):
+         * the kernels' fetch-ahead on and off, a moment apart, under this CPU's kernels and
+         * AVX2's: every layer's K-quant tensors in turn, and BF16 matrices larger than the L3. */
+        struct {
+            const struct cllm_tensor *const *w;
+            int n;
+        } streamed[] = {{cold[0], n_cold[0]},
+                        {cold[1], n_cold[1]},
+                        {(const struct cllm_tensor *[]){&synth[N_SYNTH - 1]}, 1},
+                        {(const struct cllm_tensor *[]){&synth[4]}, 1}};
+        const char *isa = cllm_cpu_matmul_isa();
+        const bool bf16_both = cllm_cpu_matmul_bf16_activations();
+        for (size_t f = 0; f < sizeof streamed / sizeof streamed[0]; f++) {
+            const bool both = streamed[f].w[0]->dtype == CLLM_DTYPE_BF16 ? bf16_both : vnni;
+            for (int nt = 8; nt <= 32; nt *= 4)
+                for (int v = 0; v < (both ? 2 : 1); v++) {
+                    cllm_cpu_matmul_use_isa(v ? "avx2" : isa);
+                    for (int on = 1; on >= 0; on--) {
+                        char label[64];
+                        cllm_cpu_matmul_fetch_ahead(on);
+                        snprintf(label, sizeof label, "fetch-ahead %-3s %s", on ? "on" : "off",
+                                 cllm_cpu_matmul_isa());
+                        bench_tensor(tp, label, streamed[f].w, streamed[f].n, nt);
+                    }
+                }
+        }
+        cllm_cpu_matmul_fetch_ahead(true);
+        cllm_cpu_matmul_use_isa(isa);
         cllm_threadpool_free(tp);
     }
     for (int f = 0; f < N_SYNTH; f++)

@@ -94,7 +94,7 @@ INLINE void q45k_tile(const uint8_t *w, int64_t nb, const struct cllm_act_tile *
     __m256 acc = _mm256_setzero_ps();
     __m128 acc1 = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += bsize) {
-        if (NT == 1)
+        if (NT == 1 || tk->weights_cold)
             prefetch_block(w, bsize);
         const __m128i scm = k_scales_vec(w + 4); /* sc[0..8), then m[0..8) */
         const uint8_t *qhp = w + 4 + CLLM_K_SCALE_SIZE;
@@ -148,7 +148,7 @@ INLINE void q6k_tile(const uint8_t *w, int64_t nb, const struct cllm_act_tile *t
     __m256 acc = _mm256_setzero_ps();
     __m128 acc1 = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += sizeof(struct cllm_block_q6_k)) {
-        if (NT == 1)
+        if (NT == 1 || tk->weights_cold)
             prefetch_block(w, sizeof(struct cllm_block_q6_k));
         const uint8_t *ql = w, *qhp = w + CLLM_QK_K / 2, *scp = w + CLLM_QK_K / 2 + CLLM_QK_K / 4;
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)scp));
@@ -269,8 +269,10 @@ INLINE float load1f(const uint8_t *w, int64_t i, const enum cllm_dtype type)
  * arithmetic is the same whatever R and T are.
  */
 INLINE void float_micro(const uint8_t *w, size_t row_bytes, int64_t K, const float *const *x,
-                        float *y, int64_t ldy, const enum cllm_dtype type, const int R, const int T)
+                        float *y, int64_t ldy, const enum cllm_dtype type, const int R, const int T,
+                        const bool fetch)
 {
+    const size_t esize = type == CLLM_DTYPE_F32 ? 4 : 2;
     __m256 acc[8][4];
     UNROLL
     for (int r = 0; r < R; r++)
@@ -290,6 +292,12 @@ INLINE void float_micro(const uint8_t *w, size_t row_bytes, int64_t K, const flo
             UNROLL
             for (int r = 0; r < R; r++)
                 wv[r] = load8f(w + (size_t)r * row_bytes, i, type);
+            if (fetch && (i * esize) % 64 == 0) { /* the next block's rows: a line each */
+                UNROLL
+                for (int r = 0; r < R; r++)
+                    _mm_prefetch((const char *)(w + (size_t)(r + R) * row_bytes) + i * esize,
+                                 _MM_HINT_T0);
+            }
             UNROLL
             for (int t = 0; t < T; t++) {
                 const __m256 xv = _mm256_loadu_ps(x[t] + i);
@@ -318,13 +326,13 @@ INLINE void float_micro(const uint8_t *w, size_t row_bytes, int64_t K, const flo
  * fit the 16 registers), then single rows. */
 INLINE void float_rows(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
                        const float *const *x, float *y, int64_t ldy, const enum cllm_dtype type,
-                       const int R, const int T)
+                       const int R, const int T, const bool fetch)
 {
     int64_t r = 0;
     for (; r + R <= nr; r += R)
-        float_micro(w + (size_t)r * row_bytes, row_bytes, K, x, y + r, ldy, type, R, T);
+        float_micro(w + (size_t)r * row_bytes, row_bytes, K, x, y + r, ldy, type, R, T, fetch);
     for (; r < nr; r++)
-        float_micro(w + (size_t)r * row_bytes, row_bytes, K, x, y + r, ldy, type, 1, T);
+        float_micro(w + (size_t)r * row_bytes, row_bytes, K, x, y + r, ldy, type, 1, T, false);
 }
 
 /* Tokens four at a time: four or three tokens take three rows a block, two take four, one takes
@@ -339,18 +347,29 @@ INLINE void float_block(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t 
         for (int t = 0; t < n; t++)
             x[t] = (const float *)(const void *)(a->base + (size_t)(t0 + t) * a->stride);
         float *yt = y + t0 * ldy;
+        /* as dot_avx512.c's bf16 kernel: the first group asks for the next row block early */
+        const bool fetch = t0 == 0 && a->weights_cold;
         switch (n) {
         case 1:
-            float_rows(w, row_bytes, nr, K, x, yt, ldy, type, 8, 1);
+            float_rows(w, row_bytes, nr, K, x, yt, ldy, type, 8, 1, false);
             break;
         case 2:
-            float_rows(w, row_bytes, nr, K, x, yt, ldy, type, 4, 2);
+            if (fetch)
+                float_rows(w, row_bytes, nr, K, x, yt, ldy, type, 4, 2, true);
+            else
+                float_rows(w, row_bytes, nr, K, x, yt, ldy, type, 4, 2, false);
             break;
         case 3:
-            float_rows(w, row_bytes, nr, K, x, yt, ldy, type, 3, 3);
+            if (fetch)
+                float_rows(w, row_bytes, nr, K, x, yt, ldy, type, 3, 3, true);
+            else
+                float_rows(w, row_bytes, nr, K, x, yt, ldy, type, 3, 3, false);
             break;
         default:
-            float_rows(w, row_bytes, nr, K, x, yt, ldy, type, 3, 4);
+            if (fetch)
+                float_rows(w, row_bytes, nr, K, x, yt, ldy, type, 3, 4, true);
+            else
+                float_rows(w, row_bytes, nr, K, x, yt, ldy, type, 3, 4, false);
             break;
         }
     }

@@ -10,6 +10,7 @@
  * Every other weight type keeps dot_avx2.c's kernels.
  */
 #include <immintrin.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "backend/cpu/quant_dot.h"
@@ -71,7 +72,7 @@ INLINE void bf16_step(__m512 acc[6][8], const __m512bh *wv, const uint16_t *cons
  * output's arithmetic is the same whatever R and T are, so results do not depend on the batch.
  */
 INLINE void bf16_micro(const uint8_t *w, size_t row_bytes, int64_t K, const uint16_t *const *x,
-                       float *y, int64_t ldy, const int R, const int T)
+                       float *y, int64_t ldy, const int R, const int T, const bool fetch)
 {
     __m512 acc[6][8];
     UNROLL
@@ -87,8 +88,11 @@ INLINE void bf16_micro(const uint8_t *w, size_t row_bytes, int64_t K, const uint
     __m512bh wv[6];
     for (; i + STEP <= K; i += STEP) {
         UNROLL
-        for (int r = 0; r < R; r++)
+        for (int r = 0; r < R; r++) {
             wv[r] = load_bh(wr[r] + i);
+            if (fetch) /* the next block's rows, a line a step: one block ahead */
+                _mm_prefetch((const char *)(wr[r] + i) + (size_t)R * row_bytes, _MM_HINT_T0);
+        }
         bf16_step(acc, wv, x, i, R, T);
     }
     if (i < K) { /* a weight row may end anywhere: no load past its last element */
@@ -107,13 +111,34 @@ INLINE void bf16_micro(const uint8_t *w, size_t row_bytes, int64_t K, const uint
 
 /* nr rows against T tokens: blocks of R rows, then single rows. */
 INLINE void bf16_rows(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
-                      const uint16_t *const *x, float *y, int64_t ldy, const int R, const int T)
+                      const uint16_t *const *x, float *y, int64_t ldy, const int R, const int T,
+                      const bool fetch)
 {
     int64_t r = 0;
     for (; r + R <= nr; r += R)
-        bf16_micro(w + (size_t)r * row_bytes, row_bytes, K, x, y + r, ldy, R, T);
+        bf16_micro(w + (size_t)r * row_bytes, row_bytes, K, x, y + r, ldy, R, T, fetch);
     for (; r < nr; r++)
-        bf16_micro(w + (size_t)r * row_bytes, row_bytes, K, x, y + r, ldy, 1, T);
+        bf16_micro(w + (size_t)r * row_bytes, row_bytes, K, x, y + r, ldy, 1, T, false);
+}
+
+/* One group of n tokens (8, 4, 2 or 1) against nr rows. */
+INLINE void bf16_group(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
+                       const uint16_t *const *x, float *y, int64_t ldy, int n, const bool fetch)
+{
+    switch (n) {
+    case 8:
+        bf16_rows(w, row_bytes, nr, K, x, y, ldy, 3, 8, fetch);
+        break;
+    case 4:
+        bf16_rows(w, row_bytes, nr, K, x, y, ldy, 6, 4, fetch);
+        break;
+    case 2:
+        bf16_rows(w, row_bytes, nr, K, x, y, ldy, 6, 2, fetch);
+        break;
+    default: /* a lone token streams its rows at the memory's speed without help */
+        bf16_rows(w, row_bytes, nr, K, x, y, ldy, 4, 1, false);
+        break;
+    }
 }
 
 /*
@@ -131,21 +156,15 @@ static void dot_bf16(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
         const int left = nt - t0, n = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
         for (int t = 0; t < n; t++)
             x[t] = (const uint16_t *)(const void *)(a->base + (size_t)(t0 + t) * a->stride);
+        /* The first group reads the rows from memory (weights_cold) and asks for the next row
+         * block early: 8-token calls on the 1.5B's 1536 x 17920 and 8960 x 1536 BF16 weights
+         * ran 1.2-1.4x faster on a Zen 4 (bench_matmul); later groups find the rows in the
+         * caches, where asking only costs. */
         float *yt = y + t0 * ldy;
-        switch (n) {
-        case 8:
-            bf16_rows(w, row_bytes, nr, K, x, yt, ldy, 3, 8);
-            break;
-        case 4:
-            bf16_rows(w, row_bytes, nr, K, x, yt, ldy, 6, 4);
-            break;
-        case 2:
-            bf16_rows(w, row_bytes, nr, K, x, yt, ldy, 6, 2);
-            break;
-        default:
-            bf16_rows(w, row_bytes, nr, K, x, yt, ldy, 4, 1);
-            break;
-        }
+        if (t0 == 0 && a->weights_cold)
+            bf16_group(w, row_bytes, nr, K, x, yt, ldy, n, true);
+        else
+            bf16_group(w, row_bytes, nr, K, x, yt, ldy, n, false);
         t0 += n;
     }
 }

@@ -174,6 +174,8 @@ INLINE void legacy_tile(const uint8_t *w, int64_t nb, const struct cllm_act_tile
     const int sh = legacy_offset_shift(type);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += bsize) {
+        if (tk->weights_cold)
+            prefetch_block(w, bsize);
         const __m256i q = legacy_quants(w, type);
         const __m256i qa = legacy_prep(q, type);
         __m256i v[TILE];

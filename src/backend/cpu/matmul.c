@@ -138,6 +138,13 @@ bool cllm_cpu_matmul_use_isa(const char *isa)
     return true;
 }
 
+static atomic_bool fetch_ahead = true;
+
+void cllm_cpu_matmul_fetch_ahead(bool on)
+{
+    atomic_store(&fetch_ahead, on);
+}
+
 size_t cllm_cpu_matmul_scratch_size(enum cllm_dtype wtype, int64_t K, int64_t n_tokens)
 {
     const struct cllm_dtype_traits *tr = cllm_dtype_traits(wtype);
@@ -181,6 +188,7 @@ struct mm_job {
     atomic_llong next_dot;      /* next (token chunk, row item) pair, token chunk major */
     int64_t row_item, row_items, dot_items;
     int64_t row_chunk, token_chunk;
+    bool fetch_ahead; /* cllm_cpu_matmul_fetch_ahead's setting at the call */
 };
 
 static void quant_task(void *ctx, int ith, int nth)
@@ -219,6 +227,7 @@ static void dot_block(const struct mm_job *j, int64_t r0, int64_t r1, int64_t t0
             const int nt = (int)(t1 - tt < CLLM_MM_TILE ? t1 - tt : CLLM_MM_TILE);
             struct cllm_act_view v = j->view;
             v.base += j->act ? (size_t)(tt / CLLM_MM_TILE) * j->tile_bytes : (size_t)tt * v.stride;
+            v.weights_cold = tt == t0 && j->fetch_ahead;
             float *y = j->y + tt * j->ldy;
             if (j->dot_rows) {
                 j->dot_rows(j->w + (size_t)rb * j->row_bytes, j->row_bytes, re - rb, j->K, &v, nt,
@@ -284,11 +293,13 @@ enum cllm_status cllm_cpu_matmul(struct cllm_threadpool *tp, const struct cllm_t
         .x = x,
         .y = y,
         .ldy = ldy,
+        .fetch_ahead = atomic_load_explicit(&fetch_ahead, memory_order_relaxed),
     };
     if (quantized ? !j.dot : !j.dot_rows)
         return CLLM_ERR_INVALID_ARG;
     if (kind == CLLM_ACT_F32) {
-        j.view = (struct cllm_act_view){(const uint8_t *)x, (size_t)K * sizeof(float), 0, 0, 1};
+        j.view = (struct cllm_act_view){
+            .base = (const uint8_t *)x, .stride = (size_t)K * sizeof(float), .step = 1};
     } else {
         const size_t need = cllm_cpu_matmul_scratch_size(w->dtype, K, n_tokens);
         if (!need || !scratch || scratch_size < need || (quantized && !j.quant))

@@ -46,5 +46,8 @@ bool cllm_cpu_matmul_bf16_activations(void);
 /* Uses the kernel family named isa, or this CPU's fastest for NULL (tests and benchmarks); false,
  * changing nothing, where this CPU cannot run it. Not to be called while a matmul runs. */
 bool cllm_cpu_matmul_use_isa(const char *isa);
+/* Whether float kernels ask for the next rows early where a call's rows are not in the caches yet
+ * (struct cllm_act_view's weights_cold; on by default): off only for benchmarks to compare. */
+void cllm_cpu_matmul_fetch_ahead(bool on);
 
 #endif

@@ -76,6 +76,9 @@ struct cllm_act_view {
     size_t off_d;
     size_t off_sums;
     int64_t step; /* d[] and sums[] step between blocks: CLLM_MM_TILE, or 1 for a lone token */
+    /* The call's weight rows are not in the caches yet (its tile is the first to pass over them):
+     * kernels for several tokens ask for the weights ahead, as those for one token always do. */
+    bool weights_cold;
 };
 
 /*
@@ -136,6 +139,7 @@ struct cllm_act_tile {
     const float *d;
     const int16_t *sums;
     int64_t step;
+    bool weights_cold; /* the view's */
 };
 
 static inline void cllm_act_tile_init(struct cllm_act_tile *tk, const struct cllm_act_view *a,
@@ -146,6 +150,7 @@ static inline void cllm_act_tile_init(struct cllm_act_tile *tk, const struct cll
     tk->d = (const float *)(const void *)(a->base + a->off_d);
     tk->sums = (const int16_t *)(const void *)(a->base + a->off_sums);
     tk->step = a->step;
+    tk->weights_cold = a->weights_cold;
 }
 
 /* The scale d (x ~= d * q) and inverse scale of a block whose largest magnitude is amax. Blocks

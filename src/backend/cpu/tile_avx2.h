@@ -83,7 +83,8 @@ INLINE float f16_at(const uint8_t *p)
     return _cvtsh_ss(h);
 }
 
-/* Decode streams weights from memory: ask for the bytes PREFETCH_AHEAD past the block early. */
+/* Weights streamed from memory (a lone token's calls, a tile's first pass over a row chunk): ask
+ * for the bytes PREFETCH_AHEAD past the block early. */
 #define PREFETCH_AHEAD 768
 INLINE void prefetch_block(const uint8_t *w, size_t bytes)
 {
