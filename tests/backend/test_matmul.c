@@ -552,12 +552,16 @@ int main(void)
             const enum cllm_dtype type = types[i];
             const int64_t bs = cllm_dtype_traits(type)->block_size;
             /* one block; several blocks (float: every tail length of the 32-, 16- and
-             * 8-element steps, and a whole number of 32-element steps) */
+             * 8-element steps, and a whole number of 32-element steps; K-quants: more blocks
+             * than a lone token's 8-row kernels hold, which then go row by row) */
             const int64_t Ks[] = {bs,
                                   bs == 256  ? 1024
                                   : bs == 32 ? 352
                                              : 45,
-                                  bs == 1 ? 1000 : 0, bs == 1 ? 64 : 0};
+                                  bs == 1     ? 1000
+                                  : bs == 256 ? 49 * 256
+                                              : 0,
+                                  bs == 1 ? 64 : 0};
             for (size_t ki = 0; ki < 4 && Ks[ki]; ki++) {
                 for (size_t ni = 0; ni < 4; ni++)
                     check_shape(tp2, tp3, type, Ks[ki], Ns[ni], 33);

@@ -167,6 +167,7 @@ size_t cllm_cpu_matmul_scratch_size(enum cllm_dtype wtype, int64_t K, int64_t n_
 struct mm_job {
     cllm_dot_fn dot;            /* quantized weights: one row a call */
     cllm_dot_rows_fn dot_rows;  /* float weights: a row chunk a call */
+    cllm_dot_rows_fn dot_rows1; /* quantized weights, a lone token: a row chunk a call */
     cllm_quant_fn quant;
     cllm_to_bf16_fn to_bf16;    /* BF16 activations: a token's row a call */
     const uint8_t *w;           /* [N][row_bytes] */
@@ -229,9 +230,10 @@ static void dot_block(const struct mm_job *j, int64_t r0, int64_t r1, int64_t t0
             v.base += j->act ? (size_t)(tt / CLLM_MM_TILE) * j->tile_bytes : (size_t)tt * v.stride;
             v.weights_cold = tt == t0 && j->fetch_ahead;
             float *y = j->y + tt * j->ldy;
-            if (j->dot_rows) {
-                j->dot_rows(j->w + (size_t)rb * j->row_bytes, j->row_bytes, re - rb, j->K, &v, nt,
-                            y + rb, j->ldy);
+            const cllm_dot_rows_fn rows = j->dot_rows ? j->dot_rows : j->dot_rows1;
+            if (rows) {
+                rows(j->w + (size_t)rb * j->row_bytes, j->row_bytes, re - rb, j->K, &v, nt, y + rb,
+                     j->ldy);
                 continue;
             }
             for (int64_t r = rb; r < re; r++)
@@ -284,6 +286,7 @@ enum cllm_status cllm_cpu_matmul(struct cllm_threadpool *tp, const struct cllm_t
     struct mm_job j = {
         .dot = k->dot[w->dtype],
         .dot_rows = k->dot_rows[w->dtype],
+        .dot_rows1 = n_tokens == 1 ? k->dot_rows1[w->dtype] : NULL,
         .quant = k->quant[kind],
         .w = w->data,
         .row_bytes = (size_t)row_bytes,
@@ -326,6 +329,10 @@ enum cllm_status cllm_cpu_matmul(struct cllm_threadpool *tp, const struct cllm_t
         j.row_chunk = (int64_t)(ROW_CHUNK_BYTES / j.row_bytes);
         j.row_item = (int64_t)((n_tokens <= CLLM_MM_TILE ? DECODE_ITEM_BYTES : ITEM_BYTES) /
                                j.row_bytes);
+        if (j.dot_rows1) { /* whole 8-row blocks a call (the kernels' unit) */
+            j.row_item = (j.row_item + 7) / 8 * 8;
+            j.row_chunk = j.row_item;
+        }
     } else if (n_tokens <= CLLM_MM_TILE) { /* one tile: items of streamed rows, no chunking */
         const int64_t m = n_tokens == 1 ? FLOAT_DECODE_ROW_MULTIPLE : FLOAT_ROW_MULTIPLE;
         j.row_item = ((int64_t)(DECODE_ITEM_BYTES / j.row_bytes) + m - 1) / m * m;

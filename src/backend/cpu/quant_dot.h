@@ -121,6 +121,9 @@ struct cllm_matmul_kernels {
     /* By float weight dtype; dot_rows[BF16] reads BF16 activation rows where to_bf16 is set
      * (struct cllm_act_view: stride bytes apart, K rounded up to CLLM_BF16_ACT_ALIGN). */
     cllm_dot_rows_fn dot_rows[CLLM_DTYPE_COUNT];
+    /* By quantized weight dtype, optional: a lone token (a call of n_tokens = 1, nt = 1,
+     * y[r] for r < nr) against a block of rows, the same bits as dot's row by row. */
+    cllm_dot_rows_fn dot_rows1[CLLM_DTYPE_COUNT];
     cllm_to_bf16_fn to_bf16; /* NULL: every float weight takes F32 activations */
 };
 
