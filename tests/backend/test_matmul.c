@@ -552,8 +552,8 @@ int main(void)
             const enum cllm_dtype type = types[i];
             const int64_t bs = cllm_dtype_traits(type)->block_size;
             /* one block; several blocks (float: every tail length of the 32-, 16- and
-             * 8-element steps, and a whole number of 32-element steps; K-quants: more blocks
-             * than a lone token's 8-row kernels hold, which then go row by row) */
+             * 8-element steps, and a whole number of 32-element steps; K-quants: rows longer
+             * than a lone token's 8-row kernels take, which then go row by row) */
             const int64_t Ks[] = {bs,
                                   bs == 256  ? 1024
                                   : bs == 32 ? 352

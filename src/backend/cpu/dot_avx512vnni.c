@@ -222,19 +222,22 @@ INLINE __m256 f16x8(const uint8_t *p, size_t stride)
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)h));
 }
 
-/* Blocks per row up to which k_rows8 holds a row's integer parts (K <= 12288; its buffers:
- * 2 x 12 KiB, of which K / 256 blocks are used). */
-#define ROWS_MAX_BLOCKS 48
+/* Bytes of 8 rows up to which k_rows8 takes them together: its float part reads each block's
+ * scales back from the 8 rows, in L1 if they fit (8 rows of 8960 Q6_K weights, 57 KiB, ran
+ * 1.2x slower than row by row on 1 thread of a Zen 4; the 1.5B's K = 1536 rows, 7-10 KiB,
+ * faster). Blocks a row then has at most: ROWS_MAX_BLOCKS (its lanes: 2 x 4 KiB). */
+#define ROWS_GROUP_BYTES (16u << 10)
+#define ROWS_MAX_BLOCKS (ROWS_GROUP_BYTES / 8 / sizeof(struct cllm_block_q4_k) + 1)
 
 /*
- * A lone token against 8 rows row_bytes apart (nb <= ROWS_MAX_BLOCKS). Each row's blocks go
- * through their integer part as in the one-row kernel, in memory order (a whole row, then the
- * next: the order the hardware's prefetchers follow; reading the 8 rows' block b at once, or
- * a row's 16 blocks at a time, ran 1.5-3x slower on a Zen 4), their lanes kept; then, block by
- * block, the float part of all 8 rows at once, row r in lane r: acc += (dx * d) * isum (and
- * acc -= (dx * dmin) * msum for Q4_K / Q5_K), the scalar order, so each row's result is the
- * one-row kernel's. What the rows share: one transposing reduction tree for 8 rows' lanes
- * instead of 8, and the float part.
+ * A lone token against 8 rows row_bytes apart (8 * row_bytes <= ROWS_GROUP_BYTES). Each row's
+ * blocks go through their integer part as in the one-row kernel, in memory order (a whole row, then
+ * the next: the order the hardware's prefetchers follow; reading the 8 rows' block b at once, or a
+ * row's 16 blocks at a time, ran 1.5-3x slower on a Zen 4), their lanes kept; then, block by block,
+ * the float part of all 8 rows at once, row r in lane r: acc += (dx * d) * isum (and acc -= (dx *
+ * dmin) * msum for Q4_K / Q5_K), the scalar order, so each row's result is the one-row kernel's.
+ * What the rows share: one transposing reduction tree for 8 rows' lanes instead of 8, and the float
+ * part.
  */
 INLINE void k_rows8(const uint8_t *w, size_t row_bytes, int64_t nb, const struct cllm_act_tile *tk,
                     float *y, const enum cllm_dtype type)
@@ -281,7 +284,7 @@ INLINE void k_rows(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
     struct cllm_act_tile tk;
     cllm_act_tile_init(&tk, a, 1);
     int64_t r = 0;
-    if (K / CLLM_QK_K <= ROWS_MAX_BLOCKS)
+    if (8 * row_bytes <= ROWS_GROUP_BYTES)
         for (; r + 8 <= nr; r += 8)
             k_rows8(w + (size_t)r * row_bytes, row_bytes, K / CLLM_QK_K, &tk, y + r, type);
     for (; r < nr; r++)
