@@ -335,6 +335,17 @@ INLINE void float_rows(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K
         float_micro(w + (size_t)r * row_bytes, row_bytes, K, x, y + r, ldy, type, 1, T, false);
 }
 
+/* float_rows with fetch a constant in each of its copies (the step loop tests it). */
+INLINE void float_rows_fetch(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
+                             const float *const *x, float *y, int64_t ldy,
+                             const enum cllm_dtype type, const int R, const int T, bool fetch)
+{
+    if (fetch)
+        float_rows(w, row_bytes, nr, K, x, y, ldy, type, R, T, true);
+    else
+        float_rows(w, row_bytes, nr, K, x, y, ldy, type, R, T, false);
+}
+
 /* Tokens four at a time: four or three tokens take three rows a block, two take four, one takes
  * eight (a lone token's FMAs need independent accumulators to hide their latency). */
 INLINE void float_block(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
@@ -354,22 +365,13 @@ INLINE void float_block(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t 
             float_rows(w, row_bytes, nr, K, x, yt, ldy, type, 8, 1, false);
             break;
         case 2:
-            if (fetch)
-                float_rows(w, row_bytes, nr, K, x, yt, ldy, type, 4, 2, true);
-            else
-                float_rows(w, row_bytes, nr, K, x, yt, ldy, type, 4, 2, false);
+            float_rows_fetch(w, row_bytes, nr, K, x, yt, ldy, type, 4, 2, fetch);
             break;
         case 3:
-            if (fetch)
-                float_rows(w, row_bytes, nr, K, x, yt, ldy, type, 3, 3, true);
-            else
-                float_rows(w, row_bytes, nr, K, x, yt, ldy, type, 3, 3, false);
+            float_rows_fetch(w, row_bytes, nr, K, x, yt, ldy, type, 3, 3, fetch);
             break;
         default:
-            if (fetch)
-                float_rows(w, row_bytes, nr, K, x, yt, ldy, type, 3, 4, true);
-            else
-                float_rows(w, row_bytes, nr, K, x, yt, ldy, type, 3, 4, false);
+            float_rows_fetch(w, row_bytes, nr, K, x, yt, ldy, type, 3, 4, fetch);
             break;
         }
     }
