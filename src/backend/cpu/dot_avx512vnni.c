@@ -212,7 +212,7 @@ K_QUANT_KERNELS(q45k_tile, q6k_tile)
 
 /* --- one token against eight rows at once --- */
 
-/* The f16 at offset off of 8 blocks stride bytes apart, widened. */
+/* The f16 at p and at each of the 7 places stride bytes after it, widened. */
 INLINE __m256 f16x8(const uint8_t *p, size_t stride)
 {
     uint16_t h[8];
