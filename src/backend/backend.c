@@ -17,7 +17,7 @@ static enum cllm_status backend_new(struct cllm_backend **out, const struct cllm
     *out = NULL;
     switch (o->kind) {
     case CLLM_BACKEND_CPU:
-        return cllm_backend_cpu_new(out, o->n_threads, o->cpu_weights, err, err_len);
+        return cllm_backend_cpu_new(out, o, err, err_len);
     case CLLM_BACKEND_CUDA:
 #ifdef CLLM_USE_CUDA
         return cllm_backend_cuda_new(out, o->device, err, err_len);
@@ -36,7 +36,7 @@ static enum cllm_status backend_new(struct cllm_backend **out, const struct cllm
         cllm_log(st == CLLM_ERR_UNSUPPORTED ? CLLM_LOG_INFO : CLLM_LOG_WARN,
                  "backend: no GPU (%s): running on the CPU", why);
 #endif
-        return cllm_backend_cpu_new(out, o->n_threads, o->cpu_weights, err, err_len);
+        return cllm_backend_cpu_new(out, o, err, err_len);
     }
     }
     return cllm_fail(err, err_len, CLLM_ERR_INVALID_ARG, "unknown backend kind %d", (int)o->kind);

@@ -3,6 +3,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 void *cllm_malloc_array(size_t n, size_t size)
 {
@@ -10,6 +11,24 @@ void *cllm_malloc_array(size_t n, size_t size)
     if (__builtin_mul_overflow(n, size, &bytes))
         return NULL;
     return malloc(bytes ? bytes : 1);
+}
+
+void *cllm_alloc_streamed(size_t bytes)
+{
+    const size_t huge = (size_t)2 << 20, align = bytes < huge ? 64 : huge;
+    if (bytes > SIZE_MAX - huge)
+        return NULL;
+    /* posix_memalign: aligned_alloc (C11) wants the size a multiple of the alignment */
+    void *p = NULL;
+    if (posix_memalign(&p, align, bytes ? (bytes + 63) / 64 * 64 : 64) != 0)
+        return NULL;
+    /* Before the first touch, which is when the kernel picks the page size; whole 2 MiB pages
+     * only, so that the tail (up to 2 MiB - 4 KiB past the last) takes 4 KiB pages rather than
+     * a huge one mostly unused. A hint: a kernel without transparent huge pages (or with them
+     * off) gives 4 KiB pages, as to malloc. */
+    if (p && align == huge)
+        (void)madvise(p, bytes / huge * huge, MADV_HUGEPAGE);
+    return p;
 }
 
 void *cllm_calloc_array(size_t n, size_t size)

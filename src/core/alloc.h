@@ -30,6 +30,11 @@ void *cllm_realloc_array(void *p, size_t n, size_t size);
 /* The capacity a growing array takes to hold need elements: cap doubled (from first when cap
  * is 0) until it does, or need itself where doubling would overflow. */
 size_t cllm_grow_cap(size_t cap, size_t need, size_t first);
+/* bytes for data read over and over from memory (weight matrices): from 2 MiB on, aligned to
+ * 2 MiB and marked for the kernel's transparent huge pages, so that where it has them the
+ * bytes lie in physically contiguous 2 MiB pages (one TLB entry each, not 512); smaller ones
+ * 64-byte aligned. free() releases it. NULL on overflow or failure. */
+void *cllm_alloc_streamed(size_t bytes);
 /* A NUL-terminated copy of s[0..n); NULL on failure. */
 char *cllm_strndup(const char *s, size_t n);
 

@@ -59,7 +59,10 @@ static enum cllm_status init_model_on(struct cllm_engine *e, enum cllm_backend_k
                                       size_t err_len)
 {
     const struct cllm_engine_config *cfg = &e->cfg;
-    struct cllm_backend_options bo = {kind, cfg->n_threads, cfg->device, cfg->cpu_weights};
+    /* CLLM_CPU_MAPPED_WEIGHTS=1: matrices read from the mapped files, for comparison */
+    const char *mapped = getenv("CLLM_CPU_MAPPED_WEIGHTS");
+    struct cllm_backend_options bo = {kind, cfg->n_threads, cfg->device, cfg->cpu_weights,
+                                      .cpu_copy_weights = !(mapped && mapped[0] == '1')};
     enum cllm_status st = cllm_backend_new(&e->be, &bo, err, err_len);
     if (!st)
         st = cllm_model_init(&e->model, e->mf, e->be, cfg->max_batch_tokens, cfg->max_seqs, err,

@@ -42,7 +42,7 @@ static double max_abs_diff(const float *a, const float *b, int64_t n)
 static struct cllm_backend *make(int threads)
 {
     struct cllm_backend *be;
-    struct cllm_backend_options o = {CLLM_BACKEND_CPU, threads, 0, CLLM_CPU_WEIGHTS_STORED};
+    struct cllm_backend_options o = {CLLM_BACKEND_CPU, threads, 0, CLLM_CPU_WEIGHTS_STORED, false};
     return cllm_backend_new(&be, &o, NULL, 0) == CLLM_OK ? be : NULL;
 }
 
@@ -228,6 +228,54 @@ static void test_alloc_zeroed(struct cllm_backend *be)
     CHECK(be->iface->alloc_zeroed != NULL); /* the CPU's: the KV cache costs nothing at start */
 }
 
+/* cpu_copy_weights: a matrix's weight is the backend's own copy (2 MiB aligned from 2 MiB on),
+ * byte for byte the file's, its matmul the same bits as on the file's bytes; a vector stays as it
+ * was; freeing the copy leaves the file's bytes alone (ASan: no leak, no double free). Sizes:
+ * one under a cache line past a row multiple, and 3 MiB and some (the huge-page path). */
+static void test_copied_weights(int threads)
+{
+    struct cllm_backend *mapped = make(threads), *copying = NULL;
+    struct cllm_backend_options o = {CLLM_BACKEND_CPU, threads, 0, CLLM_CPU_WEIGHTS_STORED, true};
+    CHECK(mapped && cllm_backend_new(&copying, &o, NULL, 0) == CLLM_OK);
+    static const int64_t shapes[][2] = {{40, 7}, {1024, 769}}; /* F32 {K, N} */
+    for (size_t s = 0; copying && mapped && s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int64_t K = shapes[s][0], N = shapes[s][1], n = 3;
+        float *data = randv(K * N, 1), *x = randv(K * n, 1);
+        float *y0 = malloc((size_t)(N * n) * 4), *y1 = malloc((size_t)(N * n) * 4);
+        const uint64_t bytes = (uint64_t)(K * N) * 4;
+        const struct cllm_tensor t = {"m", CLLM_DTYPE_F32, 2, {K, N, 1, 1}, bytes, data};
+        const float last = data[K * N - 1];
+        struct cllm_weight w0, w1;
+        CHECK(mapped->iface->weight_init(mapped, &t, &w0, NULL, 0) == CLLM_OK);
+        CHECK(copying->iface->weight_init(copying, &t, &w1, NULL, 0) == CLLM_OK);
+        CHECK(w0.data == data);
+        CHECKF(w1.data && w1.data != data, "shape %zu: not copied", s);
+        if (w1.data && w1.data != data) {
+            CHECK(memcmp(w1.data, data, t.nbytes) == 0);
+            if (t.nbytes >= (2u << 20))
+                CHECK((uintptr_t)w1.data % (2u << 20) == 0);
+            CHECK(mapped->iface->matmul(mapped, &w0, NULL, x, (int32_t)n, y0, (int32_t)N) ==
+                  CLLM_OK);
+            CHECK(copying->iface->matmul(copying, &w1, NULL, x, (int32_t)n, y1, (int32_t)N) ==
+                  CLLM_OK);
+            CHECK(memcmp(y0, y1, (size_t)(N * n) * 4) == 0);
+        }
+        mapped->iface->weight_free(mapped, &w0);
+        copying->iface->weight_free(copying, &w1);
+        CHECK(data[K * N - 1] == last); /* still the file's (ASan: not freed) */
+        const struct cllm_tensor v = {"v", CLLM_DTYPE_F32, 1, {K, 1, 1, 1}, (uint64_t)K * 4, data};
+        CHECK(copying->iface->weight_init(copying, &v, &w1, NULL, 0) == CLLM_OK);
+        CHECK(w1.data == data);
+        copying->iface->weight_free(copying, &w1);
+        free(data);
+        free(x);
+        free(y0);
+        free(y1);
+    }
+    cllm_backend_free(mapped);
+    cllm_backend_free(copying);
+}
+
 int main(void)
 {
     float *first_attn = NULL, *first_kc = NULL;
@@ -262,13 +310,15 @@ int main(void)
     }
     free(first_attn);
     free(first_kc);
+    test_copied_weights(1);
+    test_copied_weights(2);
     struct cllm_backend *be = make(1);
     CHECK(be != NULL);
     if (be) {
         test_alloc_zeroed(be);
         cllm_backend_free(be);
     }
-    struct cllm_backend_options o = {CLLM_BACKEND_CPU, 100000, 0, CLLM_CPU_WEIGHTS_STORED};
+    struct cllm_backend_options o = {CLLM_BACKEND_CPU, 100000, 0, CLLM_CPU_WEIGHTS_STORED, false};
     CHECK(cllm_backend_new(&be, &o, NULL, 0) == CLLM_ERR_INVALID_ARG);
     /* Without CUDA compiled in, or without a device, asking for CUDA is a clear error. */
     o.kind = CLLM_BACKEND_CUDA;

@@ -1,9 +1,9 @@
 /*
  * CPU implementation of backend.h. Device pointers are host pointers; weights are used in
- * place from the mapped file (matrices in their stored dtype, unless CLLM_CPU_WEIGHTS_Q6_K
- * quantizes float ones at load; only small vectors such as norm weights and biases are widened
- * to F32 once). Ops run synchronously; each splits its rows over the pool unless it is too
- * small to be worth a dispatch.
+ * place from the mapped file or, with cpu_copy_weights, from a copy in 2 MiB pages (matrices
+ * in their stored dtype, unless CLLM_CPU_WEIGHTS_Q6_K quantizes float ones at load; only small
+ * vectors such as norm weights and biases are widened to F32 once). Ops run synchronously; each
+ * splits its rows over the pool unless it is too small to be worth a dispatch.
  */
 #include "backend/cpu/backend_cpu.h"
 
@@ -23,11 +23,14 @@
 
 /* Below this many elements an elementwise op runs on the calling thread alone. */
 #define MIN_PARALLEL_ELEMS 32768
+/* Below this many bytes a weight's copy at load does too. */
+#define MIN_PARALLEL_COPY_BYTES (256u << 10)
 
 struct cpu {
     struct cllm_backend be;
     struct cllm_threadpool *tp;
     enum cllm_cpu_weights weights;
+    bool copy_weights;
     void *scratch; /* matmul activation quantization buffer */
     size_t scratch_size;
     float *rope_cos, *rope_sin; /* [rope_positions][head_dim / 2], computed on demand */
@@ -122,6 +125,38 @@ static enum cllm_status cpu_weight_init_stacked(struct cllm_backend *be,
     return CLLM_OK;
 }
 
+struct copy_job {
+    uint8_t *dst;
+    const uint8_t *src;
+    int64_t lines; /* 64-byte lines, the last one partial */
+    size_t bytes;
+};
+
+static void copy_task(void *ctx, int ith, int nth)
+{
+    struct copy_job *j = ctx;
+    int64_t a, b;
+    cllm_split_rows(j->lines, ith, nth, &a, &b);
+    const size_t from = (size_t)a * 64, to = (size_t)b * 64 < j->bytes ? (size_t)b * 64 : j->bytes;
+    if (from < to)
+        memcpy(j->dst + from, j->src + from, to - from);
+}
+
+/* w (a matrix) becomes an owned copy of t in memory from cllm_alloc_streamed, copied on the
+ * pool's threads (each thread's first touch of its pages, which the kernel then clears and
+ * maps). Without the memory w stays on the mapped file: slower, never wrong. */
+static void copy_weight(struct cpu *c, const struct cllm_tensor *t, struct cllm_weight *w)
+{
+    uint8_t *p = cllm_alloc_streamed((size_t)t->nbytes);
+    if (!p) {
+        cllm_log(CLLM_LOG_DEBUG, "cpu: no memory to copy tensor %s: used from the file", t->name);
+        return;
+    }
+    struct copy_job j = {p, t->data, (int64_t)((t->nbytes + 63) / 64), (size_t)t->nbytes};
+    cllm_threadpool_run(t->nbytes < MIN_PARALLEL_COPY_BYTES ? NULL : c->tp, copy_task, &j);
+    w->data = p;
+}
+
 /* w (a float matrix) becomes an owned Q6_K copy of t, quantized on the pool's threads. */
 static enum cllm_status quantize_q6_k(struct cpu *c, const struct cllm_tensor *t,
                                       struct cllm_weight *w, char *err, size_t err_len)
@@ -130,7 +165,7 @@ static enum cllm_status quantize_q6_k(struct cpu *c, const struct cllm_tensor *t
     void *q = NULL;
     if (!cllm_dtype_row_bytes(CLLM_DTYPE_Q6_K, t->ne[0], &row_bytes) ||
         !cllm_mul_u64(row_bytes, (uint64_t)t->ne[1], &bytes) || bytes > SIZE_MAX ||
-        cpu_alloc(&c->be, (size_t)bytes, &q))
+        !(q = cllm_alloc_streamed((size_t)bytes)))
         return cllm_fail(err, err_len, CLLM_ERR_NOMEM, "tensor %s: no memory to quantize it",
                          t->name);
     if (!cllm_convert_rows_q6_k(t, 0, t->ne[1], q, cllm_threadpool_n_threads(c->tp))) {
@@ -163,6 +198,8 @@ static enum cllm_status cpu_weight_init(struct cllm_backend *be, const struct cl
     if (cpu_of(be)->weights == CLLM_CPU_WEIGHTS_Q6_K && t->n_dims == 2 &&
         cllm_backend_elem_size(t->dtype) && t->ne[0] % CLLM_QK_K == 0)
         return quantize_q6_k(cpu_of(be), t, w, err, err_len);
+    if (cpu_of(be)->copy_weights && t->n_dims == 2)
+        copy_weight(cpu_of(be), t, w);
     return CLLM_OK;
 }
 
@@ -621,10 +658,12 @@ static const struct cllm_backend_iface cpu_iface = {
     .host_run = cpu_host_run,
 };
 
-enum cllm_status cllm_backend_cpu_new(struct cllm_backend **out, int32_t n_threads,
-                                      enum cllm_cpu_weights weights, char *err, size_t err_len)
+enum cllm_status cllm_backend_cpu_new(struct cllm_backend **out,
+                                      const struct cllm_backend_options *o, char *err,
+                                      size_t err_len)
 {
     *out = NULL;
+    int32_t n_threads = o->n_threads;
     if (n_threads <= 0)
         n_threads = cllm_cpu_physical_cores();
     if (n_threads > 256)
@@ -638,7 +677,8 @@ enum cllm_status cllm_backend_cpu_new(struct cllm_backend **out, int32_t n_threa
         free(c);
         return cllm_fail(err, err_len, st, "cannot start %d threads", (int)n_threads);
     }
-    c->weights = weights;
+    c->weights = o->cpu_weights;
+    c->copy_weights = o->cpu_copy_weights;
     c->be.iface = &cpu_iface;
     c->be.ctx = c;
     cllm_log(CLLM_LOG_INFO, "cpu: %d threads, %s matmul kernels%s", (int)n_threads,

@@ -4,8 +4,10 @@
 
 #include "backend/backend.h"
 
-/* n_threads <= 0 means one per physical core; weights says how float matrices are held. */
-enum cllm_status cllm_backend_cpu_new(struct cllm_backend **out, int32_t n_threads,
-                                      enum cllm_cpu_weights weights, char *err, size_t err_len);
+/* o->n_threads <= 0 means one per physical core; o->cpu_weights says how float matrices are
+ * held, o->cpu_copy_weights whether matrices are copied out of the files at load. */
+enum cllm_status cllm_backend_cpu_new(struct cllm_backend **out,
+                                      const struct cllm_backend_options *o, char *err,
+                                      size_t err_len);
 
 #endif
