@@ -94,7 +94,7 @@ INLINE void q45k_tile(const uint8_t *w, int64_t nb, const struct cllm_act_tile *
     __m256 acc = _mm256_setzero_ps();
     __m128 acc1 = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += bsize) {
-        if (NT == 1 || tk->weights_cold)
+        if (tk->weights_cold)
             prefetch_block(w, bsize);
         const __m128i scm = k_scales_vec(w + 4); /* sc[0..8), then m[0..8) */
         const uint8_t *qhp = w + 4 + CLLM_K_SCALE_SIZE;
@@ -148,7 +148,7 @@ INLINE void q6k_tile(const uint8_t *w, int64_t nb, const struct cllm_act_tile *t
     __m256 acc = _mm256_setzero_ps();
     __m128 acc1 = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += sizeof(struct cllm_block_q6_k)) {
-        if (NT == 1 || tk->weights_cold)
+        if (tk->weights_cold)
             prefetch_block(w, sizeof(struct cllm_block_q6_k));
         const uint8_t *ql = w, *qhp = w + CLLM_QK_K / 2, *scp = w + CLLM_QK_K / 2 + CLLM_QK_K / 4;
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)scp));

@@ -133,7 +133,7 @@ INLINE void q45k_tile(const uint8_t *w, int64_t nb, const struct cllm_act_tile *
     __m256 acc = _mm256_setzero_ps();
     __m128 acc1 = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += bsize) {
-        if (NT == 1 || tk->weights_cold)
+        if (tk->weights_cold)
             prefetch_block(w, bsize);
         __m256i lanes[TILE], mins;
         q45k_block(w, tk, b, q5, lanes, &mins, NT);
@@ -198,7 +198,7 @@ INLINE void q6k_tile(const uint8_t *w, int64_t nb, const struct cllm_act_tile *t
     __m256 acc = _mm256_setzero_ps();
     __m128 acc1 = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += sizeof(struct cllm_block_q6_k)) {
-        if (NT == 1 || tk->weights_cold)
+        if (tk->weights_cold)
             prefetch_block(w, sizeof(struct cllm_block_q6_k));
         __m256i lanes[TILE];
         q6k_block(w, tk, b, lanes, NT);
@@ -250,7 +250,6 @@ INLINE void k_rows8(const uint8_t *w, size_t row_bytes, int64_t nb, const struct
     for (int r = 0; r < 8; r++) {
         const uint8_t *wr = w + r * row_bytes;
         for (int64_t b = 0; b < nb; b++, wr += bsize) {
-            prefetch_block(wr, bsize);
             if (type == CLLM_DTYPE_Q6_K) {
                 q6k_block(wr, tk, b, &lanes[b][r], 1);
             } else {
