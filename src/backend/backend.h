@@ -282,13 +282,14 @@ struct cllm_backend_options {
     int32_t n_threads; /* CPU: threads in the pool; 0 = physical cores */
     int32_t device;    /* CUDA: device ordinal */
     enum cllm_cpu_weights cpu_weights; /* CPU: float matrices as stored, or quantized */
-    /* CPU: weight matrices copied out of the mapped files into the process's own memory, in
-     * 2 MiB pages where the kernel gives them (cllm_alloc_streamed): one token's matmuls, which
-     * stream every weight from memory, ran 1.08-1.12x faster on this project's VM than from
-     * the file's page-cache pages. Costs a copy at load (and the memory, beside the page cache
-     * the files stay in): the engine's serving model takes it, a short-lived one (the device
-     * check's) does not. */
-    bool cpu_copy_weights;
+    /* CPU: bytes of weight matrices copied out of the mapped files into the process's own
+     * memory, in 2 MiB pages where the kernel gives them (cllm_alloc_streamed), matrix by
+     * matrix while they fit (0: none): one token's matmuls, which stream every weight from
+     * memory, ran 1.04-1.13x faster on this project's VM than from the files' page-cache
+     * pages. Costs a copy at load and memory that, unlike the page cache the files stay in,
+     * cannot be reclaimed: the engine's serving model takes it within a quarter of the RAM, a
+     * short-lived one (the device check's) does not. */
+    uint64_t cpu_copy_budget;
 };
 
 /* Creates a backend; CLLM_ERR_UNSUPPORTED for one not compiled in or without a device. */

@@ -59,10 +59,15 @@ static enum cllm_status init_model_on(struct cllm_engine *e, enum cllm_backend_k
                                       size_t err_len)
 {
     const struct cllm_engine_config *cfg = &e->cfg;
-    /* CLLM_CPU_MAPPED_WEIGHTS=1: matrices read from the mapped files, for comparison */
+    /* The CPU's weights copied within a quarter of the RAM (beside the KV cache's eighth: the
+     * rest stays for the page cache and the host); CLLM_CPU_MAPPED_WEIGHTS=1: none, matrices
+     * read from the mapped files, for comparison or to save the memory */
     const char *mapped = getenv("CLLM_CPU_MAPPED_WEIGHTS");
+    const uint64_t ram = cllm_memory_limit();
     struct cllm_backend_options bo = {kind, cfg->n_threads, cfg->device, cfg->cpu_weights,
-                                      .cpu_copy_weights = !(mapped && mapped[0] == '1')};
+                                      mapped && mapped[0] == '1' ? 0
+                                      : ram                      ? ram / 4
+                                                                 : UINT64_MAX};
     enum cllm_status st = cllm_backend_new(&e->be, &bo, err, err_len);
     if (!st)
         st = cllm_model_init(&e->model, e->mf, e->be, cfg->max_batch_tokens, cfg->max_seqs, err,

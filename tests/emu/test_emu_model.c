@@ -53,7 +53,7 @@ static void make_prompts(void)
 
 static float *prompt_logits(enum cllm_backend_kind kind, const int32_t *ids, int32_t n)
 {
-    struct cllm_backend_options o = {kind, 1, 0, CLLM_CPU_WEIGHTS_STORED, false};
+    struct cllm_backend_options o = {kind, 1, 0, CLLM_CPU_WEIGHTS_STORED, 0};
     struct cllm_backend *be = NULL;
     struct cllm_model *m = NULL;
     struct cllm_kv_cache kv = {0};

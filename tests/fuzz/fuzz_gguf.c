@@ -27,7 +27,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
-    const struct cllm_backend_options o = {CLLM_BACKEND_CPU, 1, 0, CLLM_CPU_WEIGHTS_STORED, false};
+    const struct cllm_backend_options o = {CLLM_BACKEND_CPU, 1, 0, CLLM_CPU_WEIGHTS_STORED, 0};
     char err[256];
     FUZZ_ASSERT(cllm_backend_new(&cpu, &o, err, sizeof err) == CLLM_OK, "CPU backend: %s", err);
     return 0;

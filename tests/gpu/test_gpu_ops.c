@@ -1125,8 +1125,8 @@ static void test_draw_penalties(void)
 
 int main(void)
 {
-    struct cllm_backend_options oc = {CLLM_BACKEND_CPU, 0, 0, CLLM_CPU_WEIGHTS_STORED, false},
-                                og = {CLLM_BACKEND_CUDA, 0, 0, CLLM_CPU_WEIGHTS_STORED, false};
+    struct cllm_backend_options oc = {CLLM_BACKEND_CPU, 0, 0, CLLM_CPU_WEIGHTS_STORED, 0},
+                                og = {CLLM_BACKEND_CUDA, 0, 0, CLLM_CPU_WEIGHTS_STORED, 0};
     char err[256] = "";
 #ifdef CLLM_EXPECT_NO_MMA
     /* Without MMA the BLAS does every GEMM: no BLAS, or one that computes wrongly, no backend

@@ -175,7 +175,7 @@ int cllm_cmd_probe_device(int argc, char **argv)
      * GPU, or hang on: it dies with the thread that started it, which waits for it. */
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     /* No GPU starts (the usual case on a CPU machine): nothing more to try. */
-    struct cllm_backend_options bo = {CLLM_BACKEND_AUTO, 1, 0, CLLM_CPU_WEIGHTS_STORED, false};
+    struct cllm_backend_options bo = {CLLM_BACKEND_AUTO, 1, 0, CLLM_CPU_WEIGHTS_STORED, 0};
     struct cllm_backend *be = NULL;
     char err[1024] = "";
     if (cllm_backend_new(&be, &bo, err, sizeof err) != CLLM_OK) {

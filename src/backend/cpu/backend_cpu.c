@@ -1,6 +1,6 @@
 /*
  * CPU implementation of backend.h. Device pointers are host pointers; weights are used in
- * place from the mapped file or, with cpu_copy_weights, from a copy in 2 MiB pages (matrices
+ * place from the mapped file or, within cpu_copy_budget, from a copy in 2 MiB pages (matrices
  * in their stored dtype, unless CLLM_CPU_WEIGHTS_Q6_K quantizes float ones at load; only small
  * vectors such as norm weights and biases are widened to F32 once). Ops run synchronously; each
  * splits its rows over the pool unless it is too small to be worth a dispatch.
@@ -30,7 +30,8 @@ struct cpu {
     struct cllm_backend be;
     struct cllm_threadpool *tp;
     enum cllm_cpu_weights weights;
-    bool copy_weights;
+    uint64_t copy_budget;   /* bytes copy_weight may still copy */
+    bool copy_budget_spent; /* said so in the log */
     void *scratch; /* matmul activation quantization buffer */
     size_t scratch_size;
     float *rope_cos, *rope_sin; /* [rope_positions][head_dim / 2], computed on demand */
@@ -144,9 +145,19 @@ static void copy_task(void *ctx, int ith, int nth)
 
 /* w (a matrix) becomes an owned copy of t in memory from cllm_alloc_streamed, copied on the
  * pool's threads (each thread's first touch of its pages, which the kernel then clears and
- * maps). Without the memory w stays on the mapped file: slower, never wrong. */
+ * maps), if it fits what is left of the copy budget. Else, or without the memory, w stays on
+ * the mapped file: slower, never wrong. */
 static void copy_weight(struct cpu *c, const struct cllm_tensor *t, struct cllm_weight *w)
 {
+    if (t->nbytes > c->copy_budget) {
+        if (c->copy_budget && !c->copy_budget_spent)
+            cllm_log(CLLM_LOG_INFO,
+                     "cpu: the weight copy budget is spent at tensor %s: it and "
+                     "matrices as large are read from the files",
+                     t->name);
+        c->copy_budget_spent = c->copy_budget != 0;
+        return;
+    }
     uint8_t *p = cllm_alloc_streamed((size_t)t->nbytes);
     if (!p) {
         cllm_log(CLLM_LOG_DEBUG, "cpu: no memory to copy tensor %s: used from the file", t->name);
@@ -155,6 +166,7 @@ static void copy_weight(struct cpu *c, const struct cllm_tensor *t, struct cllm_
     struct copy_job j = {p, t->data, (int64_t)((t->nbytes + 63) / 64), (size_t)t->nbytes};
     cllm_threadpool_run(t->nbytes < MIN_PARALLEL_COPY_BYTES ? NULL : c->tp, copy_task, &j);
     w->data = p;
+    c->copy_budget -= t->nbytes;
 }
 
 /* w (a float matrix) becomes an owned Q6_K copy of t, quantized on the pool's threads. */
@@ -198,7 +210,7 @@ static enum cllm_status cpu_weight_init(struct cllm_backend *be, const struct cl
     if (cpu_of(be)->weights == CLLM_CPU_WEIGHTS_Q6_K && t->n_dims == 2 &&
         cllm_backend_elem_size(t->dtype) && t->ne[0] % CLLM_QK_K == 0)
         return quantize_q6_k(cpu_of(be), t, w, err, err_len);
-    if (cpu_of(be)->copy_weights && t->n_dims == 2)
+    if (t->n_dims == 2)
         copy_weight(cpu_of(be), t, w);
     return CLLM_OK;
 }
@@ -678,7 +690,7 @@ enum cllm_status cllm_backend_cpu_new(struct cllm_backend **out,
         return cllm_fail(err, err_len, st, "cannot start %d threads", (int)n_threads);
     }
     c->weights = o->cpu_weights;
-    c->copy_weights = o->cpu_copy_weights;
+    c->copy_budget = o->cpu_copy_budget;
     c->be.iface = &cpu_iface;
     c->be.ctx = c;
     cllm_log(CLLM_LOG_INFO, "cpu: %d threads, %s matmul kernels%s", (int)n_threads,
