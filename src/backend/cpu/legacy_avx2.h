@@ -101,7 +101,6 @@ INLINE void legacy_row1(const uint8_t *w, int64_t nb, const struct cllm_act_tile
     __m128 acc = _mm_setzero_ps();
     int64_t b = 0;
     for (; b + 4 <= nb; b += 4) {
-        prefetch_block(w, 4 * bsize);
         __m256i v[4];
         UNROLL
         for (int i = 0; i < 4; i++) {
