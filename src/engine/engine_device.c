@@ -64,10 +64,9 @@ static enum cllm_status init_model_on(struct cllm_engine *e, enum cllm_backend_k
      * read from the mapped files, for comparison or to save the memory */
     const char *mapped = getenv("CLLM_CPU_MAPPED_WEIGHTS");
     const uint64_t ram = cllm_memory_limit();
+    const uint64_t copy_budget = mapped && mapped[0] == '1' ? 0 : ram ? ram / 4 : UINT64_MAX;
     struct cllm_backend_options bo = {kind, cfg->n_threads, cfg->device, cfg->cpu_weights,
-                                      mapped && mapped[0] == '1' ? 0
-                                      : ram                      ? ram / 4
-                                                                 : UINT64_MAX};
+                                      copy_budget};
     enum cllm_status st = cllm_backend_new(&e->be, &bo, err, err_len);
     if (!st)
         st = cllm_model_init(&e->model, e->mf, e->be, cfg->max_batch_tokens, cfg->max_seqs, err,

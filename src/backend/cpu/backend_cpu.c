@@ -150,12 +150,13 @@ static void copy_task(void *ctx, int ith, int nth)
 static void copy_weight(struct cpu *c, const struct cllm_tensor *t, struct cllm_weight *w)
 {
     if (t->nbytes > c->copy_budget) {
-        if (c->copy_budget && !c->copy_budget_spent)
+        if (c->copy_budget && !c->copy_budget_spent) {
             cllm_log(CLLM_LOG_INFO,
                      "cpu: the weight copy budget is spent at tensor %s: it and "
                      "matrices as large are read from the files",
                      t->name);
-        c->copy_budget_spent = c->copy_budget != 0;
+            c->copy_budget_spent = true;
+        }
         return;
     }
     uint8_t *p = cllm_alloc_streamed((size_t)t->nbytes);
