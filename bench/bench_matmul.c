@@ -5,12 +5,12 @@
  * "cold", cycling through the same tensor of every layer (more bytes than the L3 cache), next to
  * this machine's plain memory-read bandwidth measured in the same run, its bound. Synthetic
  * F32/F16/BF16 weights cover the float paths (also the 1.5B model's FFN shapes in BF16, and the
- * same quantized to Q6_K as --cpu-weights q6_k does, and in Q8_0); on a CPU with AVX-512 BF16 the
- * BF16 ones also run under the AVX2 kernels (F32 activations), beside, and on one with AVX-512 VNNI
- * the 8-bit ones too. Weights streamed from memory for 8 and 32 tokens (every layer's K-quant
- * tensors, BF16 matrices larger than the L3) run with the kernels' fetch-ahead on and off.
- * Times are medians of repeated calls.
- * Usage: bench_matmul [model.gguf] [max_threads]
+ * same quantized to Q6_K as --cpu-weights q6_k does, and in Q8_0); the float ones run under each
+ * family whose kernels for them differ (AVX-512 BF16's, AVX-512's 16 lanes, AVX2's), side by side,
+ * and on a CPU with AVX-512 VNNI the 8-bit ones also under AVX2's. Weights streamed from memory for
+ * 8 and 32 tokens (every layer's K-quant tensors, BF16 matrices larger than the L3) run with the
+ * kernels' fetch-ahead on and off. Times are medians of repeated calls. Usage: bench_matmul
+ * [model.gguf] [max_threads]
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -161,6 +161,22 @@ static void bench_families(struct cllm_threadpool *tp, const char *what,
     cllm_cpu_matmul_use_isa(best);
 }
 
+/* The kernel families whose kernels for float weights of type t differ, fastest first, that
+ * this CPU runs: AVX-512 BF16's (BF16 only), AVX-512's and AVX2's (or the best alone). */
+static int float_families(enum cllm_dtype t, const char *out[3])
+{
+    static const char *const all[] = {"avx512bf16", "avx512", "avx2"};
+    const char *isa = cllm_cpu_matmul_isa();
+    int n = 0;
+    for (int i = t == CLLM_DTYPE_BF16 ? 0 : 1; i < 3; i++)
+        if (cllm_cpu_matmul_use_isa(all[i]))
+            out[n++] = all[i];
+    cllm_cpu_matmul_use_isa(isa);
+    if (n == 0)
+        out[n++] = isa;
+    return n;
+}
+
 int main(int argc, char **argv)
 {
     const char *path = argc > 1 ? argv[1] : DEFAULT_MODEL;
@@ -298,12 +314,13 @@ int main(int argc, char **argv)
         }
         for (int f = 0; f < N_SYNTH - 1; f++) {
             const struct cllm_tensor *t = &synth[f];
-            /* BF16 also under AVX2's kernels (F32 activations) where this CPU's differ */
-            const char *isa = cllm_cpu_matmul_isa();
-            const bool both = t->dtype == CLLM_DTYPE_BF16 && cllm_cpu_matmul_bf16_activations();
-            for (int v = 0; v < (both ? 2 : 1); v++) {
+            /* under each family whose kernels differ: AVX-512 BF16's rounded activations,
+             * AVX-512's 16 lanes and AVX2's 8 */
+            const char *isa = cllm_cpu_matmul_isa(), *fam[3];
+            const int n_fam = float_families(t->dtype, fam);
+            for (int v = 0; v < n_fam; v++) {
                 char label[64];
-                cllm_cpu_matmul_use_isa(v ? "avx2" : isa);
+                cllm_cpu_matmul_use_isa(fam[v]);
                 snprintf(label, sizeof label, "decode synth %s", cllm_cpu_matmul_isa());
                 bench_tensor(tp, label, &t, 1, 1);
                 snprintf(label, sizeof label, "prefill synth %s", cllm_cpu_matmul_isa());
@@ -322,12 +339,14 @@ int main(int argc, char **argv)
                         {(const struct cllm_tensor *[]){&synth[N_SYNTH - 1]}, 1},
                         {(const struct cllm_tensor *[]){&synth[4]}, 1}};
         const char *isa = cllm_cpu_matmul_isa();
-        const bool bf16_both = cllm_cpu_matmul_bf16_activations();
         for (size_t f = 0; f < sizeof streamed / sizeof streamed[0]; f++) {
-            const bool both = streamed[f].w[0]->dtype == CLLM_DTYPE_BF16 ? bf16_both : vnni;
+            const char *fam[3] = {isa, "avx2"};
+            const int n_fam = streamed[f].w[0]->dtype == CLLM_DTYPE_BF16
+                                  ? float_families(CLLM_DTYPE_BF16, fam)
+                                  : (vnni ? 2 : 1);
             for (int nt = 8; nt <= 32; nt *= 4)
-                for (int v = 0; v < (both ? 2 : 1); v++) {
-                    cllm_cpu_matmul_use_isa(v ? "avx2" : isa);
+                for (int v = 0; v < n_fam; v++) {
+                    cllm_cpu_matmul_use_isa(fam[v]);
                     for (int on = 1; on >= 0; on--) {
                         char label[64];
                         cllm_cpu_matmul_fetch_ahead(on);

@@ -507,15 +507,17 @@ int main(void)
     const char *best = cllm_cpu_matmul_isa();
     /* the SIMD families, slowest first; each runs every dtype (most share the one before's
      * kernels, which costs little) */
-    static const char *const simd[] = {"avx2", "avx512vnni", "avx512bf16"};
-    bool has[3];
-    for (int f = 0; f < 3; f++)
+    enum { N_SIMD = 4 };
+    static const char *const simd[N_SIMD] = {"avx2", "avx512", "avx512vnni", "avx512bf16"};
+    bool has[N_SIMD];
+    for (int f = 0; f < N_SIMD; f++)
         has[f] = cllm_cpu_matmul_use_isa(simd[f]);
-    const bool avx2 = has[0], bf16_acts = has[2];
+    const bool avx2 = has[0], bf16_acts = has[3];
     CHECK(cllm_cpu_matmul_use_isa(NULL) && strcmp(cllm_cpu_matmul_isa(), best) == 0);
-    printf("matmul kernels: %s%s%s%s\n", best,
+    printf("matmul kernels: %s%s%s%s%s\n", best,
            avx2 ? "" : " (no AVX2 on this CPU: SIMD-vs-scalar checks compare scalar with itself)",
-           has[1] ? "" : " (no AVX-512 VNNI on this CPU: its kernels are not run)",
+           has[1] ? "" : " (no AVX-512 on this CPU: its float kernels are not run)",
+           has[2] ? "" : " (no AVX-512 VNNI on this CPU: its kernels are not run)",
            bf16_acts ? "" : " (no AVX-512 BF16 on this CPU: its kernels are not run)");
     CHECK(cllm_cpu_matmul_use_isa("scalar") && strcmp(cllm_cpu_matmul_isa(), "scalar") == 0);
     CHECK(!cllm_cpu_matmul_bf16_activations());
@@ -539,7 +541,7 @@ int main(void)
     static const int64_t Ns[] = {1, 3, 17, 257};
     static const int64_t nts[] = {1, 2, 5, 33};
     /* Every dtype under each family this CPU runs (scalar against itself where none). */
-    for (int pass = 0; pass < 3; pass++) {
+    for (int pass = 0; pass < N_SIMD; pass++) {
         if (pass > 0 && !has[pass])
             continue;
         CHECK(cllm_cpu_matmul_use_isa(has[pass] ? simd[pass] : NULL));

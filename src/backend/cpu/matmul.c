@@ -49,11 +49,11 @@
 
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
 /* The kernel families this CPU runs, slowest first; the last is the default. */
-static const struct cllm_matmul_kernels *families[4];
+static const struct cllm_matmul_kernels *families[5];
 static int n_families;
 static _Atomic(const struct cllm_matmul_kernels *) active;
 #if defined(__x86_64__) || defined(__i386__)
-static struct cllm_matmul_kernels avx512vnni_kernels, avx512bf16_kernels;
+static struct cllm_matmul_kernels avx512_kernels, avx512vnni_kernels, avx512bf16_kernels;
 
 /* F16C from CPUID itself: clang's __builtin_cpu_supports does not know "f16c". */
 static bool cpu_has_f16c(void)
@@ -85,6 +85,11 @@ static void detect(void)
         const bool avx512 = __builtin_cpu_supports("avx512f") &&
                             __builtin_cpu_supports("avx512bw") &&
                             __builtin_cpu_supports("avx512vl");
+        if (avx512) {
+            avx512_kernels = *families[n_families - 1];
+            cllm_matmul_kernels_add_avx512(&avx512_kernels);
+            families[n_families++] = &avx512_kernels;
+        }
         if (avx512 && __builtin_cpu_supports("avx512vnni")) {
             avx512vnni_kernels = *families[n_families - 1];
             cllm_matmul_kernels_add_avx512vnni(&avx512vnni_kernels);
@@ -106,7 +111,7 @@ static void detect(void)
         else
             cllm_log(CLLM_LOG_WARN,
                      "CLLM_CPU_ISA=%s: not a kernel family this CPU runs "
-                     "(scalar, avx2, avx512vnni, avx512bf16); using %s",
+                     "(scalar, avx2, avx512, avx512vnni, avx512bf16); using %s",
                      want, best->isa);
     }
     atomic_store(&active, best);

@@ -7,9 +7,9 @@
  * transformers' BF16 GEMMs take them (twice the products per instruction).
  * Results depend neither on the thread count nor on the batch: a token's row is bit-identical
  * whether it is computed alone or with others. Kernels are chosen once, at first use, by CPU
- * feature detection (AVX-512 F/BW/VL with BF16 and/or VNNI on top of AVX2+FMA+F16C, else
+ * feature detection (AVX-512 F/BW/VL, with VNNI and/or BF16, on top of AVX2+FMA+F16C, else
  * AVX2 alone, else portable scalar code); the environment variable CLLM_CPU_ISA (scalar, avx2,
- * avx512vnni, avx512bf16) picks a slower family.
+ * avx512, avx512vnni, avx512bf16) picks a slower family.
  */
 #ifndef CLLM_BACKEND_CPU_MATMUL_H
 #define CLLM_BACKEND_CPU_MATMUL_H
@@ -39,7 +39,7 @@ enum cllm_status cllm_cpu_matmul(struct cllm_threadpool *tp, const struct cllm_t
                                  const float *x, int64_t n_tokens, float *y, int64_t ldy,
                                  void *scratch, size_t scratch_size);
 
-/* Which kernel family runs ("avx512bf16", "avx512vnni", "avx2", "scalar"), for logs. */
+/* Which kernel family runs ("avx512bf16", "avx512vnni", "avx512", "avx2", "scalar"), for logs. */
 const char *cllm_cpu_matmul_isa(void);
 /* Whether BF16 weights are multiplied with activations rounded to BF16 (the avx512bf16 family). */
 bool cllm_cpu_matmul_bf16_activations(void);

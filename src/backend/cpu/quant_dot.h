@@ -115,7 +115,7 @@ typedef void (*cllm_quant_fn)(const float *x, int64_t nb, int8_t *qs, float *d, 
                               int64_t step);
 
 struct cllm_matmul_kernels {
-    const char *isa;                          /* "scalar", "avx2", "avx512vnni", "avx512bf16" */
+    const char *isa; /* "scalar", "avx2", "avx512", "avx512vnni", "avx512bf16" */
     cllm_quant_fn quant[CLLM_ACT_KIND_COUNT]; /* by enum cllm_act_kind: Q8_0 and Q8_K only */
     cllm_dot_fn dot[CLLM_DTYPE_COUNT]; /* by quantized weight dtype */
     /* By float weight dtype; dot_rows[BF16] reads BF16 activation rows where to_bf16 is set
@@ -204,9 +204,11 @@ const struct cllm_matmul_kernels *cllm_matmul_kernels_scalar(void);
 #if defined(__x86_64__) || defined(__i386__)
 /* Only to be used after a run-time check for AVX2 + FMA + F16C. */
 const struct cllm_matmul_kernels *cllm_matmul_kernels_avx2(void);
-/* Turn a copy of the AVX2 family (or of one these made) into the AVX-512 VNNI one (quantized
- * weights) and the AVX-512 BF16 one (BF16 weights): only to be used after a run-time check for
- * AVX-512 F, BW, VL and VNNI, or BF16, as well. */
+/* Turn a copy of the AVX2 family (or of one these made) into the AVX-512 one (float weights,
+ * 16 lanes), the AVX-512 VNNI one (quantized weights) and the AVX-512 BF16 one (BF16 weights):
+ * only to be used after a run-time check for AVX-512 F, BW and VL, and VNNI or BF16 for those,
+ * as well. */
+void cllm_matmul_kernels_add_avx512(struct cllm_matmul_kernels *k);
 void cllm_matmul_kernels_add_avx512vnni(struct cllm_matmul_kernels *k);
 void cllm_matmul_kernels_add_avx512bf16(struct cllm_matmul_kernels *k);
 #endif
