@@ -129,15 +129,16 @@ static enum cllm_status cpu_weight_init_stacked(struct cllm_backend *be,
 struct copy_job {
     uint8_t *dst;
     const uint8_t *src;
-    int64_t lines; /* 64-byte lines, the last one partial */
     size_t bytes;
 };
 
+/* The threads' shares are whole 64-byte lines (the last one partial): no line is written by
+ * two threads. */
 static void copy_task(void *ctx, int ith, int nth)
 {
     struct copy_job *j = ctx;
     int64_t a, b;
-    cllm_split_rows(j->lines, ith, nth, &a, &b);
+    cllm_split_rows((int64_t)((j->bytes + 63) / 64), ith, nth, &a, &b);
     const size_t from = (size_t)a * 64, to = (size_t)b * 64 < j->bytes ? (size_t)b * 64 : j->bytes;
     if (from < to)
         memcpy(j->dst + from, j->src + from, to - from);
@@ -164,7 +165,7 @@ static void copy_weight(struct cpu *c, const struct cllm_tensor *t, struct cllm_
         cllm_log(CLLM_LOG_DEBUG, "cpu: no memory to copy tensor %s: used from the file", t->name);
         return;
     }
-    struct copy_job j = {p, t->data, (int64_t)((t->nbytes + 63) / 64), (size_t)t->nbytes};
+    struct copy_job j = {p, t->data, (size_t)t->nbytes};
     cllm_threadpool_run(t->nbytes < MIN_PARALLEL_COPY_BYTES ? NULL : c->tp, copy_task, &j);
     w->data = p;
     c->copy_budget -= t->nbytes;

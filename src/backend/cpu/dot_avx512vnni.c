@@ -215,11 +215,7 @@ K_QUANT_KERNELS(q45k_tile, q6k_tile)
 /* The f16 at p and at each of the 7 places stride bytes after it, widened. */
 INLINE __m256 f16x8(const uint8_t *p, size_t stride)
 {
-    uint16_t h[8];
-    UNROLL
-    for (int r = 0; r < 8; r++)
-        memcpy(&h[r], p + r * stride, 2);
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)h));
+    return _mm256_cvtph_ps(f16_gather(p, stride, 8));
 }
 
 /* Bytes of 8 rows up to which k_rows8 takes them together: its float part reads each block's

@@ -73,16 +73,10 @@ INLINE __m256i legacy_quants(const uint8_t *w, const enum cllm_dtype type)
     }
 }
 
-/* The f16 at p, p + stride, p + 2 stride, p + 3 stride, widened. Built in registers: a vector
- * load of four 2-byte stores would stall on store forwarding. */
+/* The f16 at p, p + stride, p + 2 stride, p + 3 stride, widened. */
 INLINE __m128 f16x4(const uint8_t *p, size_t stride)
 {
-    uint16_t h[4];
-    UNROLL
-    for (int i = 0; i < 4; i++)
-        memcpy(&h[i], p + i * stride, 2);
-    return _mm_cvtph_ps(
-        _mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], 0, 0, 0, 0));
+    return _mm_cvtph_ps(f16_gather(p, stride, 4));
 }
 
 /*

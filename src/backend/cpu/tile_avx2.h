@@ -21,6 +21,19 @@
  * sums of a block into a tree whose intermediate products do not fit the 16 registers. */
 #define PIN(v) __asm__("" : "+x"(v))
 
+/* The n (4 or 8) f16 at p, p + stride, ..., as the low int16 lanes (the rest zero), to be
+ * widened by the caller. Built in registers: a vector load of n 2-byte stores would stall on
+ * store forwarding. */
+INLINE __m128i f16_gather(const uint8_t *p, size_t stride, const int n)
+{
+    uint16_t h[8] = {0};
+    UNROLL
+    for (int i = 0; i < n; i++)
+        memcpy(&h[i], p + i * stride, 2);
+    return _mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], (short)h[4],
+                          (short)h[5], (short)h[6], (short)h[7]);
+}
+
 /* [sum(v0), sum(v1), sum(v2), sum(v3)] of four vectors of 8 int32. */
 INLINE __m128i hsum4_epi32(__m256i v0, __m256i v1, __m256i v2, __m256i v3)
 {
