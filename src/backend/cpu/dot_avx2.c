@@ -322,29 +322,8 @@ INLINE void float_micro(const uint8_t *w, size_t row_bytes, int64_t K, const flo
         }
 }
 
-/* nr rows against T tokens: blocks of R rows (R * T <= 12 accumulators plus R weight vectors
- * fit the 16 registers), then single rows. */
-INLINE void float_rows(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
-                       const float *const *x, float *y, int64_t ldy, const enum cllm_dtype type,
-                       const int R, const int T, const bool fetch)
-{
-    int64_t r = 0;
-    for (; r + R <= nr; r += R)
-        float_micro(w + (size_t)r * row_bytes, row_bytes, K, x, y + r, ldy, type, R, T, fetch);
-    for (; r < nr; r++)
-        float_micro(w + (size_t)r * row_bytes, row_bytes, K, x, y + r, ldy, type, 1, T, false);
-}
-
-/* float_rows with fetch a constant in each of its copies (the step loop tests it). */
-INLINE void float_rows_fetch(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
-                             const float *const *x, float *y, int64_t ldy,
-                             const enum cllm_dtype type, const int R, const int T, bool fetch)
-{
-    if (fetch)
-        float_rows(w, row_bytes, nr, K, x, y, ldy, type, R, T, true);
-    else
-        float_rows(w, row_bytes, nr, K, x, y, ldy, type, R, T, false);
-}
+/* R * T <= 12 accumulators plus R weight vectors fit the 16 registers. */
+#include "backend/cpu/float_rows.h"
 
 /* Tokens four at a time: four or three tokens take three rows a block, two take four, one takes
  * eight (a lone token's FMAs need independent accumulators to hide their latency). */
@@ -377,12 +356,6 @@ INLINE void float_block(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t 
     }
 }
 
-#define FLOAT_KERNEL(name, type)                                                                   \
-    static void name(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,                   \
-                     const struct cllm_act_view *a, int nt, float *y, int64_t ldy)                 \
-    {                                                                                              \
-        float_block(w, row_bytes, nr, K, a, nt, y, ldy, type);                                     \
-    }
 FLOAT_KERNEL(dot_f32, CLLM_DTYPE_F32)
 FLOAT_KERNEL(dot_f16, CLLM_DTYPE_F16)
 FLOAT_KERNEL(dot_bf16, CLLM_DTYPE_BF16)

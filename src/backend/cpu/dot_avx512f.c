@@ -4,7 +4,8 @@
  * CPU check). The same arithmetic as dot_avx2.c's float kernels, in 16 lanes rather than 8:
  * on server cores with two 512-bit FMA units (Intel Xeon Skylake-SP to Ice Lake, which have
  * AVX-512 but not its BF16 extension) that is twice the FMAs a cycle, and a BF16 model on the
- * CPU multiplies its weights here. On a Zen 4, whose FMA units are 256 bits wide, each 512-bit
+ * CPU multiplies its weights here. The drivers over rows and tokens are dot_avx2.c's
+ * (float_rows.h). On a Zen 4, whose FMA units are 256 bits wide, each 512-bit
  * FMA takes both: the same peak as AVX2, in half the instructions. The AVX-512 BF16 family
  * replaces the BF16 kernel with vdpbf16ps (dot_avx512.c); quantized weights keep their own
  * families' kernels.
@@ -95,68 +96,39 @@ INLINE void float_micro(const uint8_t *w, size_t row_bytes, int64_t K, const flo
         y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
-/* nr rows against T tokens: blocks of R rows, then single rows. */
-INLINE void float_rows(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
-                       const float *const *x, float *y, int64_t ldy, const enum cllm_dtype type,
-                       const int R, const int T, const bool fetch)
-{
-    int64_t r = 0;
-    for (; r + R <= nr; r += R)
-        float_micro(w + (size_t)r * row_bytes, row_bytes, K, x, y + r, ldy, type, R, T, fetch);
-    for (; r < nr; r++)
-        float_micro(w + (size_t)r * row_bytes, row_bytes, K, x, y + r, ldy, type, 1, T, false);
-}
-
-/* One group of n tokens (8, 4, 2 or 1) against nr rows, fetch a constant in each copy. */
-INLINE void float_group(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
-                        const float *const *x, float *y, int64_t ldy, int n,
-                        const enum cllm_dtype type, const bool fetch)
-{
-    switch (n) {
-    case 4:
-        float_rows(w, row_bytes, nr, K, x, y, ldy, type, 6, 4, fetch);
-        break;
-    case 2:
-        float_rows(w, row_bytes, nr, K, x, y, ldy, type, 6, 2, fetch);
-        break;
-    default: /* a lone token streams its rows at the memory's speed without help */
-        float_rows(w, row_bytes, nr, K, x, y, ldy, type, 8, 1, false);
-        break;
-    }
-}
+#include "backend/cpu/float_rows.h"
 
 /*
- * A tile's tokens in groups of 8, 4, 2 and 1, as dot_avx512.c's BF16 kernel: eight take three
- * rows a block (24 accumulators, 3 weight vectors and 1 activation vector of the 32 registers),
- * four and two take six, one takes four. Row blocks of 3, 4 and 6 divide matmul.c's row chunks.
+ * A tile's tokens in groups of 4, 2 and 1: four and two take six rows a block (24 accumulators,
+ * 6 weight vectors and 1 activation vector of the 32 registers), one takes eight. Eight tokens a
+ * pass, as the BF16 kernel (dot_avx512.c) takes them, ran at 0.6-0.7x of AVX2 on a Zen 4: their
+ * F32 activations of K = 1536 (48 KiB) do not fit its 32 KiB L1, where BF16 ones do. Row blocks
+ * of 6 and 8 divide matmul.c's row chunks (multiples of 12, and of 8 for a lone token).
  */
-INLINE void float_tile(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
-                       const struct cllm_act_view *a, int nt, float *y, int64_t ldy,
-                       const enum cllm_dtype type)
+INLINE void float_block(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
+                        const struct cllm_act_view *a, int nt, float *y, int64_t ldy,
+                        const enum cllm_dtype type)
 {
     int t0 = 0;
     while (t0 < nt) {
-        const float *x[CLLM_MM_TILE];
+        const float *x[4];
         const int left = nt - t0, n = left >= 4 ? 4 : left >= 2 ? 2 : 1;
         for (int t = 0; t < n; t++)
             x[t] = (const float *)(const void *)(a->base + (size_t)(t0 + t) * a->stride);
         /* the first group reads the rows from memory (weights_cold): it asks for the next row
          * block early; later groups find the rows in the caches */
+        const bool fetch = t0 == 0 && a->weights_cold;
         float *yt = y + t0 * ldy;
-        if (t0 == 0 && a->weights_cold)
-            float_group(w, row_bytes, nr, K, x, yt, ldy, n, type, true);
-        else
-            float_group(w, row_bytes, nr, K, x, yt, ldy, n, type, false);
+        if (n == 4)
+            float_rows_fetch(w, row_bytes, nr, K, x, yt, ldy, type, 6, 4, fetch);
+        else if (n == 2)
+            float_rows_fetch(w, row_bytes, nr, K, x, yt, ldy, type, 6, 2, fetch);
+        else /* a lone token streams its rows at the memory's speed without help */
+            float_rows(w, row_bytes, nr, K, x, yt, ldy, type, 8, 1, false);
         t0 += n;
     }
 }
 
-#define FLOAT_KERNEL(name, type)                                                                   \
-    static void name(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,                    \
-                     const struct cllm_act_view *a, int nt, float *y, int64_t ldy)                 \
-    {                                                                                              \
-        float_tile(w, row_bytes, nr, K, a, nt, y, ldy, type);                                      \
-    }
 FLOAT_KERNEL(dot_f32, CLLM_DTYPE_F32)
 FLOAT_KERNEL(dot_f16, CLLM_DTYPE_F16)
 FLOAT_KERNEL(dot_bf16, CLLM_DTYPE_BF16)
