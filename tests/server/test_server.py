@@ -297,7 +297,12 @@ def test_completions(port):
     chunks = [json.loads(e) for e in ev[:-1]]
     streamed = "".join(ch["choices"][0]["text"] for ch in chunks)
     check(streamed == text, f"streamed == whole for greedy: {streamed!r} vs {text!r}")
-    check(len(chunks) >= 3, f"streamed in several chunks: {len(chunks)}")
+    # Pieces as the engine makes them: how many depends on how fast it makes them against how
+    # soon the HTTP thread polls. The real model's 12 tokens come in several; the micro model
+    # under ThreadSanitizer may make them all between two polls (and its random bytes, no UTF-8
+    # alone, wait for the next), so there only the text chunk and the last one are required.
+    want_chunks = 2 if os.environ.get("CLLM_SERVER_MODEL") else 3
+    check(len(chunks) >= want_chunks, f"streamed in several chunks: {len(chunks)}")
     last = chunks[-1] if chunks else {}
     check(last.get("choices", [{}])[0].get("finish_reason") == "length"
           and last.get("usage", {}).get("completion_tokens") == 12,
