@@ -1,8 +1,9 @@
 /*
  * Every CPU backend op (except matmul: test_matmul.c) against its scalar reference in
- * cpu/ref.c, on random inputs of awkward sizes, with 1, 2 and 3 threads: results must match
- * the reference (attention within float rounding: it uses a single-pass online softmax) and be
- * identical across thread counts.
+ * cpu/ref.c, on random inputs of awkward sizes, with 1, 2 and 3 threads, under each kernel
+ * family whose attention and SiLU differ: results must match the reference (attention within
+ * float rounding: it uses a single-pass online softmax; SiLU within a few ulp: the SIMD
+ * families' exp is their own) and be identical across thread counts.
  */
 #include <math.h>
 #include <stdio.h>
@@ -10,6 +11,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cpu/matmul.h"
 #include "backend/cpu/ref.h"
 #include "core/f16.h"
 #include "test.h"
@@ -79,7 +81,11 @@ static void test_norms(struct cllm_backend *be, int32_t n, int32_t dim)
         cllm_ref_silu_mul(gr, gr + dim, dim, ref + (int64_t)r * dim);
     }
     CHECK(be->iface->silu_mul(be, gate_up, n, dim, out) == CLLM_OK);
-    CHECK(memcmp(out, ref, (size_t)n * dim * 4) == 0);
+    double worst = 0; /* the SIMD families' exp is not libm's: within a few ulp */
+    for (int64_t i = 0; i < (int64_t)n * dim; i++)
+        worst = fmax(worst, fabs((double)out[i] - ref[i]) / (fabs(ref[i]) + 1e-30));
+    CHECKF(worst <= 2e-6, "%s: silu_mul off the reference by %g relative", cllm_cpu_matmul_isa(),
+           worst);
     free(x), free(g), free(res), free(res2), free(out), free(ref), free(gate_up);
 }
 
@@ -110,18 +116,21 @@ static void test_embed(struct cllm_backend *be)
 }
 
 /* Two sequences with shuffled block tables; tokens of both interleaved in one batch. */
+/* Two sequences of len0 and len1 tokens (at most 96 and 64: several of the kernels' 32-position
+ * blocks and a part of one) with shuffled block tables; tokens of both interleaved in one
+ * batch. */
 static void test_attention(struct cllm_backend *be, int32_t n_head, int32_t n_kv, int32_t hd,
-                           float **out_attn, float **out_kc)
+                           int32_t len0, int32_t len1, float **out_attn, float **out_kc)
 {
-    enum { BS = 4, NB = 24, MAXB = 12 };
+    enum { BS = 4, NB = 48, MAXB = 24 };
     rng = 0x1234567ULL + (uint64_t)n_head * 1000 + (uint64_t)hd; /* same data for each thread count */
-    int32_t len0 = 21, len1 = 9, n = len0 + len1;
+    int32_t n = len0 + len1;
     int32_t table[2][MAXB];
     for (int i = 0; i < MAXB; i++) {
         table[0][i] = (i * 5 + 1) % NB; /* disjoint block sets per sequence */
-        table[1][i] = (table[0][i] + 12) % NB;
+        table[1][i] = (table[0][i] + MAXB) % NB;
     }
-    int32_t pos[65], seq[65], slot[65];
+    int32_t pos[161], seq[161], slot[161];
     for (int32_t t = 0; t < n; t++) {
         seq[t] = t % 3 == 2 && t / 3 < len1 ? 1 : 0;
     }
@@ -179,7 +188,9 @@ static void test_attention(struct cllm_backend *be, int32_t n_head, int32_t n_kv
     CHECK(be->iface->attention(be, &b, qkv, ld, kc, vc, n_head, n_kv, hd, scale, NULL, out) == CLLM_OK);
     cllm_ref_attention(&b, q_dense, kc, vc, n_head, n_kv, hd, scale, ref);
     double err = max_abs_diff(out, ref, qn);
-    CHECKF(err < 1e-5, "attention differs from the reference by %g", err);
+    CHECKF(err < 1e-5,
+           "%s, %d/%d heads of %d, %d+%d tokens: attention differs from the reference by %g",
+           cllm_cpu_matmul_isa(), n_head, n_kv, hd, len0, len1, err);
     CHECK(be->iface->attention(be, &b, qkv, ld, kc, vc, n_head, 5, hd, scale, NULL, out) ==
           CLLM_ERR_INVALID_ARG);
     CHECK(be->iface->attention(be, &b, qkv, ld, kc, vc, n_head, n_kv, hd, scale, NULL, out) == CLLM_OK);
@@ -280,7 +291,43 @@ static void test_copied_weights(int threads, uint64_t budget)
     cllm_backend_free(copying);
 }
 
-int main(void)
+/* e^x and SiLU at the edges of float, through the chosen family's kernel: against a double
+ * reference within 2e-6 relative (a few ulp), infinities and NaN where it has them. */
+static void test_silu_edges(void)
+{
+    enum { N = 4099 }; /* not a whole number of vectors */
+    static const float edges[] = {0.0f,      -0.0f,  1e-40f,  -1e-40f, 1e-30f, 87.3f,
+                                  -87.3f,    87.6f,  -87.6f,  88.7f,   -88.7f, 88.75f,
+                                  -88.75f,   100.0f, -100.0f, 3e38f,   -3e38f, INFINITY,
+                                  -INFINITY, 0.5f,   -0.5f,   1.0f,    -1.0f,  10.0f};
+    float *gate = malloc(N * 4), *up = malloc(N * 4), *out = malloc(N * 4);
+    for (int i = 0; i < N; i++) {
+        gate[i] =
+            i < (int)(sizeof edges / sizeof edges[0]) ? edges[i] : -100.0f + 200.0f * (float)i / N;
+        up[i] = i % 3 == 0 ? 1.0f : frand() * 4;
+    }
+    gate[N - 1] = NAN;
+    cllm_cpu_silu_mul(gate, up, N, out);
+    double worst = 0;
+    for (int i = 0; i < N - 1; i++) {
+        const double g = gate[i], r = g / (1.0 + exp(-g)) * up[i];
+        if (isnan(r) || isinf(r)) {
+            CHECKF(isnan(r) ? isnan(out[i]) : out[i] == (float)r, "silu(%g) = %g, not %g", g,
+                   out[i], r);
+            continue;
+        }
+        worst = fmax(worst, fabs(out[i] - r) / (fabs(r) + 1e-30));
+        if (fabs(out[i] - r) > 2e-6 * fabs(r) + 1e-35)
+            CHECKF(0, "%s: silu(%.9g) * %g = %.9g, not %.9g", cllm_cpu_matmul_isa(), g, up[i],
+                   out[i], r);
+    }
+    CHECK(isnan(out[N - 1]));
+    printf("%s: silu_mul within %.3g relative of double\n", cllm_cpu_matmul_isa(), worst);
+    free(gate), free(up), free(out);
+}
+
+/* Attention under each thread count, identical across them, against the reference. */
+static void test_attention_threads(void)
 {
     float *first_attn = NULL, *first_kc = NULL;
     for (int threads = 1; threads <= 3; threads++) {
@@ -293,7 +340,7 @@ int main(void)
         test_norms(be, 33, 1536); /* big enough to run threaded */
         test_embed(be);
         float *attn, *kc;
-        test_attention(be, 12, 2, 128, &attn, &kc);
+        test_attention(be, 12, 2, 128, 21, 9, &attn, &kc);
         if (!first_attn) {
             first_attn = attn;
             first_kc = kc;
@@ -303,17 +350,39 @@ int main(void)
             free(attn);
             free(kc);
         }
-        float *a2, *k2;
-        test_attention(be, 14, 2, 64, &a2, &k2); /* Qwen2.5-0.5B's heads */
-        free(a2);
-        free(k2);
-        test_attention(be, 4, 4, 8, &a2, &k2); /* no GQA, tiny head */
-        free(a2);
-        free(k2);
+        static const int32_t shapes[][5] = {
+            {12, 2, 128, 96, 64},                    /* Qwen2.5-1.5B's heads over several blocks */
+            {14, 2, 64, 21, 9},                      /* Qwen2.5-0.5B's */
+            {14, 2, 64, 65, 33},  {9, 1, 32, 40, 7}, /* more heads a group than a pass takes */
+            {16, 1, 16, 33, 1},   {4, 4, 8, 21, 9},  /* no GQA, tiny head */
+            {2, 1, 12, 37, 5},                       /* a head no vector divides */
+        };
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+            float *a2, *k2;
+            const int32_t *sh = shapes[i];
+            test_attention(be, sh[0], sh[1], sh[2], sh[3], sh[4], &a2, &k2);
+            free(a2);
+            free(k2);
+        }
         cllm_backend_free(be);
     }
     free(first_attn);
     free(first_kc);
+}
+
+int main(void)
+{
+    /* The families whose attention and SiLU kernels differ (VNNI and BF16 take AVX-512 F's). */
+    static const char *const families[] = {"scalar", "avx2", "avx512"};
+    for (size_t f = 0; f < sizeof families / sizeof families[0]; f++) {
+        if (!cllm_cpu_matmul_use_isa(families[f])) {
+            printf("%s: not run (this CPU lacks it)\n", families[f]);
+            continue;
+        }
+        test_silu_edges();
+        test_attention_threads();
+    }
+    CHECK(cllm_cpu_matmul_use_isa(NULL));
     test_copied_weights(1, UINT64_MAX);
     test_copied_weights(2, UINT64_MAX);
     test_copied_weights(2, 4096);

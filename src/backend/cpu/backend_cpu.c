@@ -450,104 +450,26 @@ struct attn_job {
     atomic_long next; /* next (token, kv head) item to take */
 };
 
-#define MAX_GROUP 64  /* query heads per KV head handled together */
-#define POS_BLOCK 32  /* positions scored before each softmax rescale */
-
-/* 8-float vectors (GCC vector extensions): AVX registers in the AVX2 clone below, SSE pairs
- * otherwise. Loads go through memcpy: cache rows are only 4-byte aligned. */
-typedef float v8f __attribute__((vector_size(32)));
-
-#define LOAD8(dst, p) memcpy(&(dst), (p), sizeof(v8f))
-
-/* Versions for AVX2 and FMA machines, chosen at load time - except under ThreadSanitizer,
- * which instruments the ifunc resolver that chooses, and that runs before TSan is set up. */
-#if defined(__SANITIZE_THREAD__)
-#define ATTEND_CLONES
-#else
-#define ATTEND_CLONES __attribute__((target_clones("avx2", "fma", "default")))
-#endif
-
-/* One token, one KV head and the query heads that share it, over positions 0..pos: scores
- * for a block of positions, then one online-softmax rescale per block. Each K/V row is read
+/* One token, one KV head and the query heads that share it (attend.h): each K/V row is read
  * once for the whole group, and the order of work never depends on the batch. */
-ATTEND_CLONES static void
-attend_group(const struct attn_job *j, int32_t t, int32_t kvh)
+static void attend_group(const struct attn_job *j, int32_t t, int32_t kvh)
 {
     const struct cllm_attn_batch *b = j->b;
-    int32_t hd = j->head_dim, group = j->n_head / j->n_kv, n_pos = b->pos[t] + 1;
-    bool vec = hd % 8 == 0;
-    float m[MAX_GROUP], l[MAX_GROUP], s[MAX_GROUP][POS_BLOCK];
-    const float *q[MAX_GROUP];
-    float *o[MAX_GROUP];
-    for (int32_t g = 0; g < group; g++) {
-        int32_t h = kvh * group + g;
-        q[g] = j->q + (int64_t)t * j->ldq + (int64_t)h * hd;
-        o[g] = j->out + ((int64_t)t * j->n_head + h) * hd;
-        memset(o[g], 0, (size_t)hd * sizeof(float));
-        m[g] = -INFINITY;
-        l[g] = 0.0f;
-    }
-    const int32_t *table = b->block_table + (int64_t)b->seq[t] * b->max_blocks;
-    const float *krow[POS_BLOCK], *vrow[POS_BLOCK];
-    for (int32_t p0 = 0; p0 < n_pos; p0 += POS_BLOCK) {
-        int32_t np = n_pos - p0 < POS_BLOCK ? n_pos - p0 : POS_BLOCK;
-        for (int32_t i = 0; i < np; i++) {
-            int32_t p = p0 + i;
-            int64_t slot = (int64_t)table[p / b->block_size] * b->block_size + p % b->block_size;
-            krow[i] = j->k_cache + (slot * j->n_kv + kvh) * hd;
-            vrow[i] = j->v_cache + (slot * j->n_kv + kvh) * hd;
-        }
-        for (int32_t g = 0; g < group; g++) {
-            float bm = -INFINITY;
-            for (int32_t i = 0; i < np; i++) {
-                float d = 0.0f;
-                if (vec) {
-                    v8f acc = {0}, a, c;
-                    for (int32_t e = 0; e < hd; e += 8) {
-                        LOAD8(a, q[g] + e);
-                        LOAD8(c, krow[i] + e);
-                        acc += a * c;
-                    }
-                    d = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-                } else {
-                    for (int32_t e = 0; e < hd; e++)
-                        d += q[g][e] * krow[i][e];
-                }
-                s[g][i] = d * j->scale;
-                bm = s[g][i] > bm ? s[g][i] : bm;
-            }
-            float m_new = bm > m[g] ? bm : m[g];
-            float corr = expf(m[g] - m_new);
-            float *og = o[g];
-            l[g] *= corr;
-            for (int32_t d = 0; d < hd; d++)
-                og[d] *= corr;
-            for (int32_t i = 0; i < np; i++) {
-                float w = expf(s[g][i] - m_new);
-                l[g] += w;
-                const float *v = vrow[i];
-                if (vec) {
-                    v8f wv = {w, w, w, w, w, w, w, w};
-                    for (int32_t d = 0; d < hd; d += 8) {
-                        v8f acc, vv;
-                        LOAD8(acc, og + d);
-                        LOAD8(vv, v + d);
-                        acc += wv * vv;
-                        memcpy(og + d, &acc, sizeof acc);
-                    }
-                } else {
-                    for (int32_t d = 0; d < hd; d++)
-                        og[d] += w * v[d];
-                }
-            }
-            m[g] = m_new;
-        }
-    }
-    for (int32_t g = 0; g < group; g++) {
-        float inv = 1.0f / l[g];
-        for (int32_t d = 0; d < hd; d++)
-            o[g][d] *= inv;
-    }
+    const int32_t hd = j->head_dim, group = j->n_head / j->n_kv, h = kvh * group;
+    const struct cllm_attend_item it = {
+        .q = j->q + (int64_t)t * j->ldq + (int64_t)h * hd,
+        .out = j->out + ((int64_t)t * j->n_head + h) * hd,
+        .k = j->k_cache + (int64_t)kvh * hd,
+        .v = j->v_cache + (int64_t)kvh * hd,
+        .slot_stride = (int64_t)j->n_kv * hd,
+        .block_table = b->block_table + (int64_t)b->seq[t] * b->max_blocks,
+        .block_size = b->block_size,
+        .n_pos = b->pos[t] + 1,
+        .group = group,
+        .head_dim = hd,
+        .scale = j->scale,
+    };
+    cllm_cpu_attend(&it);
 }
 
 /* Items are taken one at a time from a shared counter: causal attention makes later tokens
@@ -569,7 +491,8 @@ static enum cllm_status cpu_attention(struct cllm_backend *be, const struct cllm
                                       void *out)
 {
     (void)scratch;
-    if (n_kv <= 0 || n_head % n_kv != 0 || n_head / n_kv > MAX_GROUP || ldq < n_head * head_dim)
+    if (n_kv <= 0 || n_head % n_kv != 0 || n_head / n_kv > CLLM_ATTEND_MAX_GROUP ||
+        ldq < n_head * head_dim)
         return CLLM_ERR_INVALID_ARG;
     struct attn_job j = {b, q, k_cache, v_cache, ldq, n_head, n_kv, head_dim, scale, out, 0};
     /* Work grows with context length, so always split unless there is only one item. */
@@ -592,7 +515,7 @@ static void silu_task(void *arg, int ith, int nth)
     cllm_split_rows(j->n, ith, nth, &s, &e);
     for (int64_t r = s; r < e; r++) {
         const float *gate = j->gate_up + r * 2 * j->dim;
-        cllm_ref_silu_mul(gate, gate + j->dim, j->dim, j->out + r * j->dim);
+        cllm_cpu_silu_mul(gate, gate + j->dim, j->dim, j->out + r * j->dim);
     }
 }
 

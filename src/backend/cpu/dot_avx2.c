@@ -366,14 +366,18 @@ static const struct cllm_matmul_kernels avx2_kernels = {
     .dot =
         {
             [CLLM_DTYPE_Q8_0] = dot_q8_0,
-            [CLLM_DTYPE_Q4_0] = dot_q4_0, [CLLM_DTYPE_Q4_1] = dot_q4_1,
-            [CLLM_DTYPE_Q5_0] = dot_q5_0, [CLLM_DTYPE_Q5_1] = dot_q5_1,
-            [CLLM_DTYPE_Q4_K] = dot_q4_k, [CLLM_DTYPE_Q5_K] = dot_q5_k,
+            [CLLM_DTYPE_Q4_0] = dot_q4_0,
+            [CLLM_DTYPE_Q4_1] = dot_q4_1,
+            [CLLM_DTYPE_Q5_0] = dot_q5_0,
+            [CLLM_DTYPE_Q5_1] = dot_q5_1,
+            [CLLM_DTYPE_Q4_K] = dot_q4_k,
+            [CLLM_DTYPE_Q5_K] = dot_q5_k,
             [CLLM_DTYPE_Q6_K] = dot_q6_k,
         },
-    .dot_rows = {[CLLM_DTYPE_F32] = dot_f32,
-                 [CLLM_DTYPE_F16] = dot_f16,
-                 [CLLM_DTYPE_BF16] = dot_bf16},
+    .dot_rows =
+        {[CLLM_DTYPE_F32] = dot_f32, [CLLM_DTYPE_F16] = dot_f16, [CLLM_DTYPE_BF16] = dot_bf16},
+    .attend = cllm_attend_avx2,
+    .silu_mul = cllm_silu_mul_avx2,
 };
 
 const struct cllm_matmul_kernels *cllm_matmul_kernels_avx2(void)

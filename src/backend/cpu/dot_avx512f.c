@@ -139,4 +139,6 @@ void cllm_matmul_kernels_add_avx512(struct cllm_matmul_kernels *k)
     k->dot_rows[CLLM_DTYPE_F32] = dot_f32;
     k->dot_rows[CLLM_DTYPE_F16] = dot_f16;
     k->dot_rows[CLLM_DTYPE_BF16] = dot_bf16;
+    k->attend = cllm_attend_avx512f;
+    k->silu_mul = cllm_silu_mul_avx512f;
 }

@@ -143,6 +143,16 @@ bool cllm_cpu_matmul_use_isa(const char *isa)
     return true;
 }
 
+void cllm_cpu_attend(const struct cllm_attend_item *it)
+{
+    kernels()->attend(it);
+}
+
+void cllm_cpu_silu_mul(const float *gate, const float *up, int64_t n, float *out)
+{
+    kernels()->silu_mul(gate, up, n, out);
+}
+
 static atomic_bool fetch_ahead = true;
 
 void cllm_cpu_matmul_fetch_ahead(bool on)

@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/cpu/attend.h"
 #include "backend/cpu/threadpool.h"
 #include "cllm.h"
 #include "tensor/tensor.h"
@@ -46,6 +47,10 @@ bool cllm_cpu_matmul_bf16_activations(void);
 /* Uses the kernel family named isa, or this CPU's fastest for NULL (tests and benchmarks); false,
  * changing nothing, where this CPU cannot run it. Not to be called while a matmul runs. */
 bool cllm_cpu_matmul_use_isa(const char *isa);
+/* The chosen family's attention kernel for one item and its SiLU (attend.h): the same family
+ * as the matmul's, so CLLM_CPU_ISA and cllm_cpu_matmul_use_isa choose them too. */
+void cllm_cpu_attend(const struct cllm_attend_item *it);
+void cllm_cpu_silu_mul(const float *gate, const float *up, int64_t n, float *out);
 /* Whether float kernels ask for the next rows early where a call's rows are not in the caches yet
  * (struct cllm_act_view's weights_cold; on by default): off only for benchmarks to compare. */
 void cllm_cpu_matmul_fetch_ahead(bool on);

@@ -20,6 +20,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "backend/cpu/attend.h"
 #include "tensor/dtype.h"
 
 /* Tokens per kernel call: each weight block is decoded once and used for this many tokens. */
@@ -125,6 +126,9 @@ struct cllm_matmul_kernels {
      * y[r] for r < nr) against a block of rows, the same bits as dot's row by row. */
     cllm_dot_rows_fn dot_rows1[CLLM_DTYPE_COUNT];
     cllm_to_bf16_fn to_bf16; /* NULL: every float weight takes F32 activations */
+    /* The family's kernels beyond matmul (attend.h), chosen with it. */
+    cllm_attend_fn attend;
+    cllm_silu_mul_fn silu_mul;
 };
 
 /* The activation format kernels k multiply weights of type t with. */

@@ -3,7 +3,7 @@
  * dot_ref.c): straightforward single-threaded loops in F32 that follow transformers' Qwen2
  * code step by step. Backends are tested against these. The CPU backend calls the
  * elementwise and per-row ones directly from its threads (they are already memory-bound);
- * attention has its own single-pass implementation there.
+ * attention and SiLU (whose exp is not) go through its kernel family's (attend.h).
  */
 #ifndef CLLM_BACKEND_CPU_REF_H
 #define CLLM_BACKEND_CPU_REF_H
