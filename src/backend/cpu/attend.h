@@ -33,6 +33,12 @@ struct cllm_attend_item {
     float scale; /* multiplies q.k */
 };
 
+/* The slot of the item's position p. */
+static inline int64_t cllm_attend_slot(const struct cllm_attend_item *it, int32_t p)
+{
+    return (int64_t)it->block_table[p / it->block_size] * it->block_size + p % it->block_size;
+}
+
 typedef void (*cllm_attend_fn)(const struct cllm_attend_item *it);
 
 /* out[i] = gate[i] / (1 + exp(-gate[i])) * up[i] for i < n. */

@@ -30,9 +30,7 @@ void cllm_attend_ref(const struct cllm_attend_item *it)
     for (int32_t p0 = 0; p0 < n_pos; p0 += POS_BLOCK) {
         int32_t np = n_pos - p0 < POS_BLOCK ? n_pos - p0 : POS_BLOCK;
         for (int32_t i = 0; i < np; i++) {
-            int32_t p = p0 + i;
-            int64_t slot =
-                (int64_t)it->block_table[p / it->block_size] * it->block_size + p % it->block_size;
+            int64_t slot = cllm_attend_slot(it, p0 + i);
             krow[i] = it->k + slot * it->slot_stride;
             vrow[i] = it->v + slot * it->slot_stride;
         }
