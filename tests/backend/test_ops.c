@@ -350,12 +350,15 @@ static void test_attention_threads(void)
             free(attn);
             free(kc);
         }
+        /* {query heads, KV heads, head size, tokens of sequence 0, of sequence 1} */
         static const int32_t shapes[][5] = {
-            {12, 2, 128, 96, 64},                    /* Qwen2.5-1.5B's heads over several blocks */
-            {14, 2, 64, 21, 9},                      /* Qwen2.5-0.5B's */
-            {14, 2, 64, 65, 33},  {9, 1, 32, 40, 7}, /* more heads a group than a pass takes */
-            {16, 1, 16, 33, 1},   {4, 4, 8, 21, 9},  /* no GQA, tiny head */
-            {2, 1, 12, 37, 5},                       /* a head no vector divides */
+            {12, 2, 128, 96, 64}, /* Qwen2.5-1.5B's heads over several blocks */
+            {14, 2, 64, 21, 9},   /* Qwen2.5-0.5B's */
+            {14, 2, 64, 65, 33},  /* the same over three blocks */
+            {9, 1, 32, 40, 7},    /* more heads a group than a pass takes */
+            {16, 1, 16, 33, 1},   /* two full passes of eight heads */
+            {4, 4, 8, 21, 9},     /* no GQA, tiny head */
+            {2, 1, 12, 37, 5},    /* a head no vector divides */
         };
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
             float *a2, *k2;
