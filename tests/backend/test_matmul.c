@@ -539,7 +539,9 @@ int main(void)
         CLLM_DTYPE_Q4_K, CLLM_DTYPE_Q5_K, CLLM_DTYPE_Q6_K,
     };
     static const int64_t Ns[] = {1, 3, 17, 257};
-    static const int64_t nts[] = {1, 2, 5, 33};
+    /* 16: whole eights (the AVX-512 BF16 kernel's 3-row blocks) against 17 rows, a part block;
+     * 33 (below): a group of each size, 6-row blocks, the next block asked for ahead */
+    static const int64_t nts[] = {1, 2, 5, 16};
     /* Every dtype under each family this CPU runs (scalar against itself where none). */
     for (int pass = 0; pass < N_SIMD; pass++) {
         if (pass > 0 && !has[pass])
@@ -567,9 +569,13 @@ int main(void)
             for (size_t ki = 0; ki < 4 && Ks[ki]; ki++) {
                 for (size_t ni = 0; ni < 4; ni++)
                     check_shape(tp2, tp3, type, Ks[ki], Ns[ni], 33);
-                for (size_t ti = 0; ti < 3; ti++)
+                for (size_t ti = 0; ti < 4; ti++)
                     check_shape(tp2, tp3, type, Ks[ki], 17, nts[ti]);
             }
+            /* more tokens than one pass of the AVX-512 BF16 kernel takes (dot_avx512.c: 32 of
+             * K = 8960 fit its 640 KiB) */
+            if (type == CLLM_DTYPE_BF16)
+                check_shape(tp2, tp3, type, 8960, 17, 40);
         }
         /* Normalized RMS error from the activations' rounding, over thousands of outputs per
          * dtype. Rounding to a step d moves an activation by an error spread evenly over

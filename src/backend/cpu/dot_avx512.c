@@ -65,14 +65,25 @@ INLINE void bf16_step(__m512 acc[6][8], const __m512bh *wv, const uint16_t *cons
 }
 
 /*
+ * Weight bytes asked for into the caches while the kernel computes: [p, end), per_step lines
+ * (64 bytes) each 32-element step, in order, until none are left.
+ */
+struct fetch_cursor {
+    const char *p, *end;
+    int per_step;
+};
+
+/*
  * R weight rows times T tokens: R * T accumulators of 16 lanes. Lane l of an output adds, step
  * by step, the pair (2l, 2l + 1) of each 32 elements (vdpbf16ps: the odd product, then the even
  * one, each rounded); the last step's missing elements are zeros in both operands (masked
  * weight loads, padded activations); the 16 lanes are then summed by one fixed tree. Every
  * output's arithmetic is the same whatever R and T are, so results do not depend on the batch.
+ * fc (may be NULL where fetch is false) is advanced past the lines asked for.
  */
 INLINE void bf16_micro(const uint8_t *w, size_t row_bytes, int64_t K, const uint16_t *const *x,
-                       float *y, int64_t ldy, const int R, const int T, const bool fetch)
+                       float *y, int64_t ldy, const int R, const int T, const bool fetch,
+                       struct fetch_cursor *fc)
 {
     __m512 acc[6][8];
     UNROLL
@@ -84,17 +95,21 @@ INLINE void bf16_micro(const uint8_t *w, size_t row_bytes, int64_t K, const uint
     UNROLL
     for (int r = 0; r < R; r++)
         wr[r] = (const uint16_t *)(const void *)(w + (size_t)r * row_bytes);
+    const char *fp = fetch ? fc->p : NULL, *fend = fetch ? fc->end : NULL;
+    const int per_step = fetch ? fc->per_step : 0;
     int64_t i = 0;
     __m512bh wv[6];
     for (; i + STEP <= K; i += STEP) {
         UNROLL
-        for (int r = 0; r < R; r++) {
+        for (int r = 0; r < R; r++)
             wv[r] = load_bh(wr[r] + i);
-            if (fetch) /* the next block's rows, a line a step: one block ahead */
-                _mm_prefetch((const char *)(wr[r] + i) + (size_t)R * row_bytes, _MM_HINT_T0);
-        }
+        if (fetch)
+            for (int f = 0; f < per_step && fp < fend; f++, fp += 64)
+                _mm_prefetch(fp, _MM_HINT_T0);
         bf16_step(acc, wv, x, i, R, T);
     }
+    if (fetch)
+        fc->p = fp;
     if (i < K) { /* a weight row may end anywhere: no load past its last element */
         const __mmask32 m = (__mmask32)((1ull << (K - i)) - 1u);
         UNROLL
@@ -112,60 +127,112 @@ INLINE void bf16_micro(const uint8_t *w, size_t row_bytes, int64_t K, const uint
 /* nr rows against T tokens: blocks of R rows, then single rows. */
 INLINE void bf16_rows(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
                       const uint16_t *const *x, float *y, int64_t ldy, const int R, const int T,
-                      const bool fetch)
+                      const bool fetch, struct fetch_cursor *fc)
 {
     int64_t r = 0;
     for (; r + R <= nr; r += R)
-        bf16_micro(w + (size_t)r * row_bytes, row_bytes, K, x, y + r, ldy, R, T, fetch);
+        bf16_micro(w + (size_t)r * row_bytes, row_bytes, K, x, y + r, ldy, R, T, fetch, fc);
     for (; r < nr; r++)
-        bf16_micro(w + (size_t)r * row_bytes, row_bytes, K, x, y + r, ldy, 1, T, false);
+        bf16_micro(w + (size_t)r * row_bytes, row_bytes, K, x, y + r, ldy, 1, T, false, NULL);
 }
 
 /* One group of n tokens (8, 4, 2 or 1) against nr rows. */
 INLINE void bf16_group(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
-                       const uint16_t *const *x, float *y, int64_t ldy, int n, const bool fetch)
+                       const uint16_t *const *x, float *y, int64_t ldy, int n, const bool fetch,
+                       struct fetch_cursor *fc)
 {
     switch (n) {
     case 8:
-        bf16_rows(w, row_bytes, nr, K, x, y, ldy, 3, 8, fetch);
+        bf16_rows(w, row_bytes, nr, K, x, y, ldy, 3, 8, fetch, fc);
         break;
     case 4:
-        bf16_rows(w, row_bytes, nr, K, x, y, ldy, 6, 4, fetch);
+        bf16_rows(w, row_bytes, nr, K, x, y, ldy, 6, 4, fetch, fc);
         break;
     case 2:
-        bf16_rows(w, row_bytes, nr, K, x, y, ldy, 6, 2, fetch);
+        bf16_rows(w, row_bytes, nr, K, x, y, ldy, 6, 2, fetch, fc);
         break;
-    default: /* a lone token streams its rows at the memory's speed without help */
-        bf16_rows(w, row_bytes, nr, K, x, y, ldy, 4, 1, false);
+    default:
+        bf16_rows(w, row_bytes, nr, K, x, y, ldy, 6, 1, fetch, fc);
         break;
     }
 }
 
 /*
- * A tile's tokens in groups of 8, 4, 2 and 1: eight take three rows a block (24 accumulators,
- * 3 weight vectors and 1 activation vector of the 32 registers), four and two take six, one
- * takes four (its accumulators' latency hidden by the weights streaming in). Row blocks of 3,
- * 4 and 6 divide matmul.c's row chunks (multiples of 12, and of 8 for a lone token).
+ * nr rows against nt tokens (token t's BF16 row at base + t * stride), rows outer: a block of
+ * rows at a time against every group of the tokens (8, 4, 2, 1) while the block is in L1/L2,
+ * the activations in L2. Eight tokens take three rows a micro call (24 accumulators, 3 weight
+ * vectors and 1 activation vector of the 32 registers), fewer take six. Where the rows are not
+ * in the caches yet (cold), the next block's bytes are asked for during the block's micro
+ * calls, spread evenly over all of them, so the memory streams the weights while every group
+ * computes. Token groups outer, as this kernel was before, streamed them during the first
+ * group's pass alone, which then waited on the memory (41% of this kernel's time in decode
+ * steps of 32 tokens, perf) while the other groups' passes left it idle.
+ */
+static void bf16_pass(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
+                      const uint8_t *base, size_t stride, int nt, float *y, int64_t ldy, bool cold)
+{
+    /* rows a block: what every group's rows a micro call divide (3 for eights, 6 for others) */
+    const int block_rows = nt % 8 == 0 ? 3 : 6;
+    const int64_t steps = (K + STEP - 1) / STEP;
+    int64_t calls = 0; /* micro calls a block, over all groups */
+    for (int left = nt; left > 0;) {
+        const int n = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+        calls += block_rows / (n == 8 ? 3 : 6);
+        left -= n;
+    }
+    const int64_t block_bytes = block_rows * (int64_t)row_bytes;
+    const int64_t lines = (block_bytes + 63) / 64;
+    const int per_step = (int)((lines + calls * steps - 1) / (calls * steps));
+    for (int64_t r0 = 0; r0 < nr; r0 += block_rows) {
+        const int64_t rows = nr - r0 < block_rows ? nr - r0 : block_rows;
+        const uint8_t *wb = w + (size_t)r0 * row_bytes;
+        /* the next block, where it is a whole one of this call's */
+        const bool ahead = cold && r0 + 2 * block_rows <= nr;
+        struct fetch_cursor fc = {(const char *)wb + block_bytes,
+                                  (const char *)wb + 2 * block_bytes, per_step};
+        for (int t0 = 0; t0 < nt;) {
+            const uint16_t *x[CLLM_MM_TILE];
+            const int left = nt - t0, n = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+            for (int t = 0; t < n; t++)
+                x[t] = (const uint16_t *)(const void *)(base + (size_t)(t0 + t) * stride);
+            float *yt = y + t0 * ldy + r0;
+            if (ahead)
+                bf16_group(wb, row_bytes, rows, K, x, yt, ldy, n, true, &fc);
+            else
+                bf16_group(wb, row_bytes, rows, K, x, yt, ldy, n, false, NULL);
+            t0 += n;
+        }
+    }
+}
+
+/* Activation bytes of one pass of dot_bf16: what stays in a 1 MiB L2 beside a block of rows. */
+#define PASS_ACT_BYTES (640u << 10)
+
+/*
+ * A lone token takes four rows a micro call (its accumulators' latency hidden by the weights
+ * streaming in) and streams its rows at the memory's speed without help. More tokens go in
+ * passes of whole eights whose activations fit PASS_ACT_BYTES: every token of matmul.c's items
+ * (up to 64) for K = 1536, 32 at a time for K = 8960 (64 of those, 1.1 MiB, in one pass had
+ * made a 512-token prefill of the 8960 x 1536 matrix ~8% slower on a Zen 4); only the first
+ * pass reads the rows from memory (weights_cold), the item's rows (12 of K = 8960) still in L2
+ * for the next. Row blocks of 3, 4 and 6 divide matmul.c's row chunks (multiples of 12, and of
+ * 8 for a lone token).
  */
 static void dot_bf16(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
                      const struct cllm_act_view *a, int nt, float *y, int64_t ldy)
 {
-    int t0 = 0;
-    while (t0 < nt) {
-        const uint16_t *x[CLLM_MM_TILE];
-        const int left = nt - t0, n = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
-        for (int t = 0; t < n; t++)
-            x[t] = (const uint16_t *)(const void *)(a->base + (size_t)(t0 + t) * a->stride);
-        /* The first group reads the rows from memory (weights_cold) and asks for the next row
-         * block early: 8-token calls on the 1.5B's 1536 x 17920 and 8960 x 1536 BF16 weights
-         * ran 1.2-1.4x faster on a Zen 4 (bench_matmul); later groups find the rows in the
-         * caches, where asking only costs. */
-        float *yt = y + t0 * ldy;
-        if (t0 == 0 && a->weights_cold)
-            bf16_group(w, row_bytes, nr, K, x, yt, ldy, n, true);
-        else
-            bf16_group(w, row_bytes, nr, K, x, yt, ldy, n, false);
-        t0 += n;
+    if (nt == 1) {
+        const uint16_t *x[1] = {(const uint16_t *)(const void *)a->base};
+        bf16_rows(w, row_bytes, nr, K, x, y, ldy, 4, 1, false, NULL);
+        return;
+    }
+    int64_t pass = (int64_t)(PASS_ACT_BYTES / a->stride) / 8 * 8;
+    if (pass < 8)
+        pass = 8;
+    for (int64_t t0 = 0; t0 < nt; t0 += pass) {
+        const int n = (int)(nt - t0 < pass ? nt - t0 : pass);
+        bf16_pass(w, row_bytes, nr, K, a->base + (size_t)t0 * a->stride, a->stride, n, y + t0 * ldy,
+                  ldy, t0 == 0 && a->weights_cold);
     }
 }
 

@@ -4,7 +4,8 @@
  * for BF16 weights under the AVX-512 BF16 kernels), then hands out (token chunk, row range)
  * work items to the pool's threads. For each weight row of an item the kernel runs on tiles of
  * CLLM_MM_TILE tokens, so a weight block is decoded once per tile (GEMM, not repeated GEMV),
- * while the row range stays in cache across the tiles. Every output element is computed by
+ * while the row range stays in cache across the tiles (float weights: one kernel call takes the
+ * item's rows and all its tokens, and orders them itself). Every output element is computed by
  * exactly one kernel call whose arithmetic for a token does not depend on the other tokens of
  * the tile, nor on which thread runs it, so results do not depend on the thread count or the
  * batch.
@@ -239,8 +240,10 @@ static void dot_block(const struct mm_job *j, int64_t r0, int64_t r1, int64_t t0
 {
     for (int64_t rb = r0; rb < r1; rb += j->row_chunk) {
         const int64_t re = rb + j->row_chunk < r1 ? rb + j->row_chunk : r1;
-        for (int64_t tt = t0; tt < t1; tt += CLLM_MM_TILE) {
-            const int nt = (int)(t1 - tt < CLLM_MM_TILE ? t1 - tt : CLLM_MM_TILE);
+        /* float kernels take every token of the item at once and order the work themselves */
+        const int64_t tile = j->dot_rows ? t1 - t0 : CLLM_MM_TILE;
+        for (int64_t tt = t0; tt < t1; tt += tile) {
+            const int nt = (int)(t1 - tt < tile ? t1 - tt : tile);
             struct cllm_act_view v = j->view;
             v.base += j->act ? (size_t)(tt / CLLM_MM_TILE) * j->tile_bytes : (size_t)tt * v.stride;
             /* not a lone token's call: it streams its rows once, in order, which the hardware

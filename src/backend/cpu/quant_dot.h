@@ -96,7 +96,8 @@ typedef void (*cllm_dot_fn)(const void *w, int64_t K, const struct cllm_act_view
 
 /*
  * Float weights (F32/F16/BF16) against f32 activations, a block at a time:
- * y[t * ldy + r] = dot(weight row r, activation row t) for r < nr, t < nt (nt <= CLLM_MM_TILE),
+ * y[t * ldy + r] = dot(weight row r, activation row t) for r < nr, t < nt (any nt >= 1: matmul.c
+ * hands a float kernel every token of its item at once),
  * row r starting at w + r * row_bytes. Every output is computed in one order (dot_ref.c's
  * dot_float: eight lanes over 8-element steps, a fixed tree, the tail in order) whatever nr, nt
  * or its place in the block, so results do not depend on the batch. The AVX2 kernels use FMA,
