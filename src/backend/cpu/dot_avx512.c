@@ -65,12 +65,18 @@ INLINE void bf16_step(__m512 acc[6][8], const __m512bh *wv, const uint16_t *cons
 }
 
 /*
- * Weight bytes asked for into the caches while the kernel computes: [p, end), per_step lines
- * (64 bytes) each 32-element step, in order, until none are left.
+ * The next block of rows, asked for into the caches while a block's micro calls compute: rows
+ * rows from next, row_bytes apart. Every `every` steps (the number of calls a block) a call
+ * asks for the line at offset `off` (in elements) in each of those rows and moves `off` on by
+ * a step; the calls continue where the one before stopped, so each offset is asked for once,
+ * in order, spread over all the block's calls (with one call: a line of each row a step, at
+ * the offset it loads, one block ahead).
  */
 struct fetch_cursor {
-    const char *p, *end;
-    int per_step;
+    const char *next;
+    size_t row_bytes;
+    int64_t off;
+    int rows, every;
 };
 
 /*
@@ -79,7 +85,7 @@ struct fetch_cursor {
  * one, each rounded); the last step's missing elements are zeros in both operands (masked
  * weight loads, padded activations); the 16 lanes are then summed by one fixed tree. Every
  * output's arithmetic is the same whatever R and T are, so results do not depend on the batch.
- * fc (may be NULL where fetch is false) is advanced past the lines asked for.
+ * fc (may be NULL where fetch is false): the next block's lines this call asks for (above).
  */
 INLINE void bf16_micro(const uint8_t *w, size_t row_bytes, int64_t K, const uint16_t *const *x,
                        float *y, int64_t ldy, const int R, const int T, const bool fetch,
@@ -95,21 +101,28 @@ INLINE void bf16_micro(const uint8_t *w, size_t row_bytes, int64_t K, const uint
     UNROLL
     for (int r = 0; r < R; r++)
         wr[r] = (const uint16_t *)(const void *)(w + (size_t)r * row_bytes);
-    const char *fp = fetch ? fc->p : NULL, *fend = fetch ? fc->end : NULL;
-    const int per_step = fetch ? fc->per_step : 0;
+    const char *next = fetch ? fc->next : NULL;
+    const size_t next_bytes = fetch ? fc->row_bytes : 0;
+    const int next_rows = fetch ? fc->rows : 0, every = fetch ? fc->every : 0;
+    int64_t off = fetch ? fc->off : 0;
+    int wait = 0;
     int64_t i = 0;
     __m512bh wv[6];
     for (; i + STEP <= K; i += STEP) {
         UNROLL
         for (int r = 0; r < R; r++)
             wv[r] = load_bh(wr[r] + i);
-        if (fetch)
-            for (int f = 0; f < per_step && fp < fend; f++, fp += 64)
-                _mm_prefetch(fp, _MM_HINT_T0);
+        if (fetch && --wait < 0) {
+            if (off < K)
+                for (int r = 0; r < next_rows; r++)
+                    _mm_prefetch(next + (size_t)r * next_bytes + 2 * off, _MM_HINT_T0);
+            off += STEP;
+            wait = every - 1;
+        }
         bf16_step(acc, wv, x, i, R, T);
     }
     if (fetch)
-        fc->p = fp;
+        fc->off = off;
     if (i < K) { /* a weight row may end anywhere: no load past its last element */
         const __mmask32 m = (__mmask32)((1ull << (K - i)) - 1u);
         UNROLL
@@ -173,23 +186,19 @@ static void bf16_pass(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
 {
     /* rows a block: what every group's rows a micro call divide (3 for eights, 6 for others) */
     const int block_rows = nt % 8 == 0 ? 3 : 6;
-    const int64_t steps = (K + STEP - 1) / STEP;
-    int64_t calls = 0; /* micro calls a block, over all groups */
+    int calls = 0; /* micro calls a block, over all groups */
     for (int left = nt; left > 0;) {
         const int n = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
         calls += block_rows / (n == 8 ? 3 : 6);
         left -= n;
     }
-    const int64_t block_bytes = block_rows * (int64_t)row_bytes;
-    const int64_t lines = (block_bytes + 63) / 64;
-    const int per_step = (int)((lines + calls * steps - 1) / (calls * steps));
     for (int64_t r0 = 0; r0 < nr; r0 += block_rows) {
         const int64_t rows = nr - r0 < block_rows ? nr - r0 : block_rows;
         const uint8_t *wb = w + (size_t)r0 * row_bytes;
         /* the next block, where it is a whole one of this call's */
         const bool ahead = cold && r0 + 2 * block_rows <= nr;
-        struct fetch_cursor fc = {(const char *)wb + block_bytes,
-                                  (const char *)wb + 2 * block_bytes, per_step};
+        struct fetch_cursor fc = {(const char *)wb + (size_t)block_rows * row_bytes, row_bytes, 0,
+                                  block_rows, calls};
         for (int t0 = 0; t0 < nt;) {
             const uint16_t *x[CLLM_MM_TILE];
             const int left = nt - t0, n = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
