@@ -151,23 +151,36 @@ INLINE void bf16_rows(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
         bf16_micro(w + (size_t)r * row_bytes, row_bytes, K, x, y + r, ldy, 1, T, false, NULL);
 }
 
-/* One group of n tokens (8, 4, 2 or 1) against nr rows. */
+/* The size of the next group of tokens, `left` of them still to do: 8, 4, 2 or 1. */
+static inline int group_tokens(int left)
+{
+    return left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+}
+
+/* Rows a micro call of a group of n tokens takes in a call of several tokens (a compile-time
+ * constant in bf16_group's cases, which unroll on it). */
+static inline int group_rows(int n)
+{
+    return n == 8 ? 3 : 6;
+}
+
+/* One group of n tokens (8, 4, 2 or 1) against nr rows, group_rows(n) rows a micro call. */
 INLINE void bf16_group(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
                        const uint16_t *const *x, float *y, int64_t ldy, int n, const bool fetch,
                        struct fetch_cursor *fc)
 {
     switch (n) {
     case 8:
-        bf16_rows(w, row_bytes, nr, K, x, y, ldy, 3, 8, fetch, fc);
+        bf16_rows(w, row_bytes, nr, K, x, y, ldy, group_rows(8), 8, fetch, fc);
         break;
     case 4:
-        bf16_rows(w, row_bytes, nr, K, x, y, ldy, 6, 4, fetch, fc);
+        bf16_rows(w, row_bytes, nr, K, x, y, ldy, group_rows(4), 4, fetch, fc);
         break;
     case 2:
-        bf16_rows(w, row_bytes, nr, K, x, y, ldy, 6, 2, fetch, fc);
+        bf16_rows(w, row_bytes, nr, K, x, y, ldy, group_rows(2), 2, fetch, fc);
         break;
     default:
-        bf16_rows(w, row_bytes, nr, K, x, y, ldy, 6, 1, fetch, fc);
+        bf16_rows(w, row_bytes, nr, K, x, y, ldy, group_rows(1), 1, fetch, fc);
         break;
     }
 }
@@ -190,8 +203,8 @@ static void bf16_pass(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
     const int block_rows = nt % 8 == 0 ? 3 : 6;
     int calls = 0; /* micro calls a block, over all groups */
     for (int left = nt; left > 0;) {
-        const int n = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
-        calls += block_rows / (n == 8 ? 3 : 6);
+        const int n = group_tokens(left);
+        calls += block_rows / group_rows(n);
         left -= n;
     }
     for (int64_t r0 = 0; r0 < nr; r0 += block_rows) {
@@ -203,7 +216,7 @@ static void bf16_pass(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
                                   block_rows, calls};
         for (int t0 = 0; t0 < nt;) {
             const uint16_t *x[CLLM_MM_TILE];
-            const int left = nt - t0, n = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+            const int n = group_tokens(nt - t0);
             for (int t = 0; t < n; t++)
                 x[t] = (const uint16_t *)(const void *)(base + (size_t)(t0 + t) * stride);
             float *yt = y + t0 * ldy + r0;
