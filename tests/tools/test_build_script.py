@@ -10,7 +10,15 @@ which the fallback must set up afresh. The CPU build then runs and answers --hel
 
 A second stand-in SDK's compiler never returns (a hang, or a crawl past the build stage's
 900 s): with CLLM_GPU_BUILD_TIMEOUT=15 the GPU attempt is stopped after 15 s, with every
-process it started, and the CPU build follows."""
+process it started, and the CPU build follows.
+
+A third, found through $MUSA_HOME alone (torch_musa's name for the SDK's root), builds: its
+compiler turns MUSA sources into empty objects and links cllm into a program the loader
+cannot start, as a binary missing a shared library would be (the SDK's, or the GPU driver's
+in a build without the GPU). The link names the SDK's library folder (the binary's
+DT_RPATH); scripts/build sees that the binary does not start, says what it printed, builds
+the CPU-only binary as well and makes build/cllm a launcher: it runs the CPU build while the
+GPU build does not start, and the GPU build once it does."""
 import os
 import shutil
 import subprocess
@@ -28,14 +36,47 @@ set(MUSAToolkit_FOUND TRUE)
 """
 
 
-def fake_sdk(root, hang=False):
+LOADER_ERROR = ("error while loading shared libraries: libmusart.so: cannot open shared "
+                "object file: No such file or directory")
+
+# Compiles as g++ does, except a MUSA source (-x musa), which becomes an empty object, and the
+# link of cllm, which writes a program that fails as the loader does; logs each command line.
+LINKS_UNSTARTABLE = r"""#!/bin/sh
+echo "$*" >> "$(dirname "$0")/../calls.log"
+out= deps= musa=0 prev=
+for a in "$@"; do
+  [ "$prev" = -o ] && out=$a
+  [ "$prev" = -MF ] && deps=$a
+  [ "$prev" = -x ] && [ "$a" = musa ] && musa=1
+  prev=$a
+done
+if [ $musa = 1 ]; then
+  [ -z "$deps" ] || echo "$out:" > "$deps"
+  exec CXX -c -x c++ /dev/null -o "$out"
+fi
+case $out in
+  cllm | */cllm)
+    printf '#!/bin/sh\necho "$0: %s" >&2\nexit 127\n' "ERROR" > "$out"
+    chmod +x "$out"
+    exit 0 ;;
+esac
+exec CXX "$@"
+"""
+
+
+def fake_sdk(root, hang=False, links=False):
     os.makedirs(os.path.join(root, "bin"))
     os.makedirs(os.path.join(root, "cmake"))
+    os.makedirs(os.path.join(root, "lib"))
     cxx = shutil.which("g++") or "/usr/bin/g++"
     clang = os.path.join(root, "bin", "clang++")
     with open(clang, "w") as f:
-        # a hanging compiler: a shell (its command line names the SDK) waiting on a sleep
-        f.write('#!/bin/sh\nsleep 3600\n' if hang else f'#!/bin/sh\nexec {cxx} "$@"\n')
+        if hang:  # a shell (its command line names the SDK) waiting on a sleep
+            f.write('#!/bin/sh\nsleep 3600\n')
+        elif links:
+            f.write(LINKS_UNSTARTABLE.replace("CXX", cxx).replace("ERROR", LOADER_ERROR))
+        else:
+            f.write(f'#!/bin/sh\nexec {cxx} "$@"\n')
     os.chmod(clang, 0o755)
     with open(os.path.join(root, "cmake", "FindMUSAToolkit.cmake"), "w") as f:
         f.write(FIND_MUSA)
@@ -61,8 +102,42 @@ def check_cpu_fallback(failures, r, build, what):
         failures.append(f"{what}: the fallback build still has a GPU backend configured")
 
 
-def build_with(sdk, build, **env):
-    env = dict(os.environ, MUSA_PATH=sdk, CLLM_BUILD_DIR=build, **env)
+def check_launcher(failures, r, build):
+    """build/cllm: the CPU build while the GPU build does not start, the GPU build once it does."""
+    lines = r.stdout.strip().splitlines()
+    launcher = os.path.join(build, "cllm")
+    if r.returncode != 0 or not lines or lines[-1] != launcher:
+        failures.append(f"the launcher is not the result: exit {r.returncode}, {lines[-1:]}, "
+                        f"{r.stderr[-800:]}")
+        return
+    if "CPU only as well" not in r.stderr or "cllm-cpu (the CPU only)" not in r.stderr:
+        failures.append(f"the two builds are not announced: {r.stderr[-800:]}")
+    h = subprocess.run([launcher, "--help"], capture_output=True, text=True, check=False)
+    if h.returncode != 0 or "serve" not in h.stdout + h.stderr or \
+            "running the CPU-only build" not in h.stderr:
+        failures.append(f"the launcher does not run the CPU build: exit {h.returncode}, "
+                        f"{h.stdout[-300:]} {h.stderr[-300:]}")
+    cache = open(os.path.join(build, "CMakeCache.txt")).read()
+    if "CLLM_MUSA:BOOL=OFF" not in cache:
+        failures.append("cllm-cpu was built with the GPU backend configured")
+    gpu = os.path.join(build, "cllm-gpu")
+    if not os.access(gpu, os.X_OK):
+        failures.append("the GPU build was not kept as cllm-gpu")
+        return
+    with open(gpu, "w") as f:  # now it starts: a driver that came with the GPU, say
+        f.write('#!/bin/sh\necho "the GPU build: $*"\n')
+    h = subprocess.run([launcher, "serve", "--port", "1"], capture_output=True, text=True,
+                       check=False)
+    if h.stdout.strip() != "the GPU build: serve --port 1" or h.stderr:
+        failures.append(f"the launcher does not run a GPU build that starts: {h.stdout[-300:]} "
+                        f"{h.stderr[-300:]}")
+
+
+def build_with(sdk, build, via="MUSA_PATH", **env):
+    env = dict(os.environ, CLLM_BUILD_DIR=build, **env)
+    env.pop("MUSA_PATH", None)
+    env.pop("MUSA_HOME", None)
+    env[via] = sdk
     return subprocess.run([os.path.join(ROOT, "scripts", "build")], env=env,
                           capture_output=True, text=True, timeout=1200, check=False)
 
@@ -100,7 +175,25 @@ def main():
         if r.returncode != 2 or "CLLM_GPU_BUILD_TIMEOUT must be" not in r.stderr:
             failures.append(f"a bad CLLM_GPU_BUILD_TIMEOUT is not refused: {r.returncode} "
                             f"{r.stderr[-500:]}")
-    return report(failures, "scripts/build with a GPU toolkit that fails or hangs")
+
+        sdk, build = os.path.join(tmp, "musa-links"), os.path.join(tmp, "build-links")
+        fake_sdk(sdk, links=True)
+        r = build_with(sdk, build, via="MUSA_HOME")
+        err = r.stderr
+        if f"MUSA (SDK {sdk})" not in err:
+            failures.append(f"the SDK named by MUSA_HOME is not used: {err[-1500:]}")
+        if "binary does not start here" not in err or LOADER_ERROR not in err:
+            failures.append(f"a binary that cannot start is not reported: {err[-1500:]}")
+        calls = [c.split() for c in open(os.path.join(sdk, "calls.log")).read().splitlines()]
+        links = [" ".join(c) for c in calls if any(
+            a == "-o" and i + 1 < len(c) and os.path.basename(c[i + 1]) == "cllm"
+            for i, a in enumerate(c))]
+        rpath = f"-Wl,-rpath,{sdk}/lib"
+        if not any(rpath in c and "--disable-new-dtags" in c for c in links):
+            failures.append(f"cllm is not linked with {rpath} as DT_RPATH: {links[-1:]}")
+        check_launcher(failures, r, build)
+    return report(failures, "scripts/build with a GPU toolkit that fails, hangs or links a "
+                            "binary that cannot start")
 
 
 if __name__ == "__main__":
