@@ -3,7 +3,10 @@
  * token's attention items (a KV head and its query heads) of the Qwen2.5-1.5B shape (12 query
  * heads, 2 KV heads of 128) over 64 to 2048 cached positions in 16-slot pages, and SiLU over
  * the FFN's 8960 columns, each family beside the portable kernel (attend_ref.c, libm's expf)
- * in the same run. Times are medians of repeated calls. Usage: bench_attention
+ * in the same run. Then a batch's attention with its caches in memory rather than in the L3:
+ * a step of 32 sequences of 300 positions through 28 layers' caches (~0.55 GB, pages out of
+ * order), as items of one KV head and as items of a token's two (attend.h), the CPU backend's
+ * two ways. Times are medians of repeated calls. Usage: bench_attention
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -91,6 +94,74 @@ static float *random_floats(size_t n, float scale)
     return v;
 }
 
+/* A step's attention from memory: COLD_SEQS sequences, COLD_LAYERS layers' caches. */
+#define COLD_SEQS 32
+#define COLD_LAYERS 28
+#define COLD_POS 300
+#define COLD_RUNS 7
+
+struct cold_step {
+    float *k[COLD_LAYERS], *v[COLD_LAYERS], *q, *out;
+    int32_t *table; /* [COLD_SEQS][blocks a sequence] */
+    int blocks;
+};
+
+static void run_cold(const struct cold_step *c, int32_t kv_per_item)
+{
+    for (int l = 0; l < COLD_LAYERS; l++)
+        for (int s = 0; s < COLD_SEQS; s++)
+            for (int h = 0; h < N_KV; h += kv_per_item) {
+                const size_t heads = ((size_t)s * N_HEAD + (size_t)h * (N_HEAD / N_KV)) * HEAD_DIM;
+                const struct cllm_attend_item it = {
+                    .q = c->q + heads,
+                    .out = c->out + heads,
+                    .k = c->k[l] + (size_t)h * HEAD_DIM,
+                    .v = c->v[l] + (size_t)h * HEAD_DIM,
+                    .slot_stride = N_KV * HEAD_DIM,
+                    .block_table = c->table + (size_t)s * (size_t)c->blocks,
+                    .block_size = PAGE,
+                    .n_pos = COLD_POS,
+                    .group = N_HEAD / N_KV,
+                    .n_kv = kv_per_item,
+                    .head_dim = HEAD_DIM,
+                    .scale = 0.08838834764831845f,
+                };
+                cllm_cpu_attend(&it);
+            }
+}
+
+/* ms per step, items of one KV head vs of all a token's, alternating; 0 on no memory. */
+static bool bench_cold(double *per_head_ms, double *per_token_ms)
+{
+    struct cold_step c = {.blocks = (COLD_POS + PAGE - 1) / PAGE};
+    const int pool = COLD_SEQS * c.blocks * 2; /* blocks drawn from a pool twice the size */
+    const size_t pool_floats = (size_t)pool * PAGE * N_KV * HEAD_DIM;
+    bool ok = (c.table = malloc((size_t)COLD_SEQS * (size_t)c.blocks * sizeof *c.table)) &&
+              (c.q = random_floats((size_t)COLD_SEQS * N_HEAD * HEAD_DIM, 1)) &&
+              (c.out = malloc((size_t)COLD_SEQS * N_HEAD * HEAD_DIM * sizeof *c.out));
+    for (int l = 0; ok && l < COLD_LAYERS; l++)
+        ok = (c.k[l] = random_floats(pool_floats, 1)) && (c.v[l] = random_floats(pool_floats, 1));
+    if (ok) {
+        for (int i = 0; i < COLD_SEQS * c.blocks; i++) /* each block once, scattered */
+            c.table[i] = (int32_t)(((int64_t)i * 7919 + 13) % pool);
+        double t[2][COLD_RUNS];
+        for (int r = 0; r < COLD_RUNS; r++)
+            for (int w = 0; w < 2; w++) {
+                const double t0 = now();
+                run_cold(&c, w ? N_KV : 1);
+                t[w][r] = (now() - t0) * 1e3;
+            }
+        qsort(t[0], COLD_RUNS, sizeof t[0][0], cmp_double);
+        qsort(t[1], COLD_RUNS, sizeof t[1][0], cmp_double);
+        *per_head_ms = t[0][COLD_RUNS / 2];
+        *per_token_ms = t[1][COLD_RUNS / 2];
+    }
+    for (int l = 0; l < COLD_LAYERS; l++)
+        free(c.k[l]), free(c.v[l]);
+    free(c.table), free(c.q), free(c.out);
+    return ok;
+}
+
 int main(void)
 {
     const int n_pages = MAX_POS / PAGE;
@@ -125,6 +196,7 @@ int main(void)
                     .block_size = PAGE,
                     .n_pos = lengths[li],
                     .group = N_HEAD / N_KV,
+                    .n_kv = 1,
                     .head_dim = HEAD_DIM,
                     .scale = 0.08838834764831845f,
                 };
@@ -141,6 +213,12 @@ int main(void)
         const double us = median_us(run_silu, &s);
         printf("%-8s silu_mul over %d columns: %.2f us (libm expf) vs %.2f us: %.2fx\n",
                families[f], FFN, ref_us, us, ref_us / us);
+        double head_ms, token_ms;
+        if (bench_cold(&head_ms, &token_ms))
+            printf("%-8s from memory, %d sequences x %d positions x %d layers: items of a KV "
+                   "head %.2f ms, of a token %.2f ms: %.2fx\n",
+                   families[f], COLD_SEQS, COLD_POS, COLD_LAYERS, head_ms, token_ms,
+                   head_ms / token_ms);
     }
     cllm_cpu_matmul_use_isa(NULL);
     free(k), free(v), free(q), free(out), free(table), free(gate), free(up), free(silu);

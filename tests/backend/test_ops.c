@@ -191,6 +191,18 @@ static void test_attention(struct cllm_backend *be, int32_t n_head, int32_t n_kv
     CHECKF(err < 1e-5,
            "%s, %d/%d heads of %d, %d+%d tokens: attention differs from the reference by %g",
            cllm_cpu_matmul_isa(), n_head, n_kv, hd, len0, len1, err);
+    /* Each token alone gives the bits it had in the batch: a lone token's items are its KV
+     * heads (spread over the threads), a batch's its tokens (all heads of one). */
+    float *alone = malloc((size_t)Q * 4);
+    for (int32_t t = 0; t < n; t += 7) {
+        struct cllm_attn_batch one = {1, &pos[t], &seq[t], &slot[t], &table[0][0], MAXB, BS, 64};
+        CHECK(be->iface->attention(be, &one, qkv + (int64_t)t * ld, ld, kc, vc, n_head, n_kv, hd,
+                                   scale, NULL, alone) == CLLM_OK);
+        CHECKF(memcmp(alone, out + (int64_t)t * Q, (size_t)Q * 4) == 0,
+               "%s, %d/%d heads of %d: token %d alone differs from its batch's result",
+               cllm_cpu_matmul_isa(), n_head, n_kv, hd, t);
+    }
+    free(alone);
     CHECK(be->iface->attention(be, &b, qkv, ld, kc, vc, n_head, 5, hd, scale, NULL, out) ==
           CLLM_ERR_INVALID_ARG);
     CHECK(be->iface->attention(be, &b, qkv, ld, kc, vc, n_head, n_kv, hd, scale, NULL, out) == CLLM_OK);
@@ -359,6 +371,7 @@ static void test_attention_threads(void)
             {16, 1, 16, 33, 1},   /* two full passes of eight heads */
             {4, 4, 8, 21, 9},     /* no GQA, tiny head */
             {2, 1, 12, 37, 5},    /* a head no vector divides */
+            {72, 8, 16, 21, 9},   /* more query heads than a token's item takes */
         };
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
             float *a2, *k2;

@@ -9,26 +9,31 @@
 
 #include <stdint.h>
 
-/* Query heads per KV head an item may have (Qwen2.5: 6 or 7; 64 leaves room). */
+/* Query heads an item may have (Qwen2.5: 6 or 7 a KV head, 12 to 64 in all). */
 #define CLLM_ATTEND_MAX_GROUP 64
 
 /*
- * One token and one KV head: the `group` query heads that share it attend over positions
- * 0..n_pos-1 of the token's sequence, an online softmax over blocks of positions. Each output's
- * arithmetic depends only on its own token's data (never on the batch or the thread).
+ * One token and n_kv consecutive KV heads: each KV head's `group` query heads attend over
+ * positions 0..n_pos-1 of the token's sequence, an online softmax over blocks of positions.
+ * Each output's arithmetic depends only on its own token's data and head (never on the batch,
+ * the thread, or how many KV heads share the item): an item of all of a token's KV heads reads
+ * each slot's K and V rows whole (the cache holds a slot's heads side by side), which memory
+ * serves far faster than one head's part of every row; items of one KV head spread a few
+ * tokens over more threads.
  */
 struct cllm_attend_item {
-    const float *q; /* the group's query heads, head_dim floats each, back to back */
-    float *out;     /* the group's outputs, the same layout */
-    /* This KV head's K and V rows of slot 0; slot s's are slot_stride floats further per slot.
-     * Position p of the sequence sits in slot block_table[p / block_size] * block_size +
-     * p % block_size. */
+    const float *q; /* the n_kv * group query heads, head_dim floats each, back to back */
+    float *out;     /* their outputs, the same layout */
+    /* The first KV head's K and V rows of slot 0: KV head j's are j * head_dim floats further,
+     * slot s's slot_stride floats further per slot. Position p of the sequence sits in slot
+     * block_table[p / block_size] * block_size + p % block_size. */
     const float *k, *v;
     int64_t slot_stride;
     const int32_t *block_table;
     int32_t block_size;
     int32_t n_pos; /* >= 1 */
-    int32_t group; /* 1..CLLM_ATTEND_MAX_GROUP */
+    int32_t group; /* query heads a KV head; n_kv * group <= CLLM_ATTEND_MAX_GROUP */
+    int32_t n_kv;  /* >= 1 */
     int32_t head_dim;
     float scale; /* multiplies q.k */
 };

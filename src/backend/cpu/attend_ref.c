@@ -16,7 +16,7 @@ typedef float v8f __attribute__((vector_size(32)));
 
 #define LOAD8(dst, p) memcpy(&(dst), (p), sizeof(v8f))
 
-void cllm_attend_ref(const struct cllm_attend_item *it)
+static void attend_one_kv_head(const struct cllm_attend_item *it)
 {
     const int32_t hd = it->head_dim, group = it->group, n_pos = it->n_pos;
     const int vec = hd % 8 == 0;
@@ -87,5 +87,19 @@ void cllm_attend_ref(const struct cllm_attend_item *it)
         float *og = it->out + (int64_t)g * hd;
         for (int32_t d = 0; d < hd; d++)
             og[d] *= inv;
+    }
+}
+
+void cllm_attend_ref(const struct cllm_attend_item *it)
+{
+    for (int32_t j = 0; j < it->n_kv; j++) {
+        struct cllm_attend_item one = *it;
+        const int64_t heads = (int64_t)j * it->group * it->head_dim;
+        one.q += heads;
+        one.out += heads;
+        one.k += (int64_t)j * it->head_dim;
+        one.v += (int64_t)j * it->head_dim;
+        one.n_kv = 1;
+        attend_one_kv_head(&one);
     }
 }

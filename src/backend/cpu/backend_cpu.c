@@ -441,17 +441,22 @@ static enum cllm_status cpu_qkv_rope_store(struct cllm_backend *be, const struct
 
 /* --- attention --- */
 
+/* Tokens a thread from which a step's attention items are whole tokens (cpu_attention). */
+#define ATTEND_TOKENS_PER_THREAD 4
+
 struct attn_job {
     const struct cllm_attn_batch *b;
     const float *q, *k_cache, *v_cache;
     int32_t ldq, n_head, n_kv, head_dim;
+    int32_t kv_per_item; /* n_kv (a token an item) or 1 (a token's KV head an item) */
     float scale;
     float *out;
-    atomic_long next; /* next (token, kv head) item to take */
+    atomic_long next; /* next item to take */
 };
 
-/* One token, one KV head and the query heads that share it (attend.h): each K/V row is read
- * once for the whole group, and the order of work never depends on the batch. */
+/* One token, kv_per_item of its KV heads from kvh on, and the query heads that share them
+ * (attend.h): each K/V row is read once for all of them, and the order of work never depends
+ * on the batch. */
 static void attend_group(const struct attn_job *j, int32_t t, int32_t kvh)
 {
     const struct cllm_attn_batch *b = j->b;
@@ -466,6 +471,7 @@ static void attend_group(const struct attn_job *j, int32_t t, int32_t kvh)
         .block_size = b->block_size,
         .n_pos = b->pos[t] + 1,
         .group = group,
+        .n_kv = j->kv_per_item,
         .head_dim = hd,
         .scale = j->scale,
     };
@@ -479,9 +485,10 @@ static void attn_task(void *arg, int ith, int nth)
     (void)ith;
     (void)nth;
     struct attn_job *j = arg;
-    long n_items = (long)j->b->n_tokens * j->n_kv;
+    const int32_t per_token = j->n_kv / j->kv_per_item;
+    long n_items = (long)j->b->n_tokens * per_token;
     for (long i; (i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < n_items;)
-        attend_group(j, (int32_t)(i / j->n_kv), (int32_t)(i % j->n_kv));
+        attend_group(j, (int32_t)(i / per_token), (int32_t)(i % per_token) * j->kv_per_item);
 }
 
 static enum cllm_status cpu_attention(struct cllm_backend *be, const struct cllm_attn_batch *b,
@@ -494,9 +501,18 @@ static enum cllm_status cpu_attention(struct cllm_backend *be, const struct cllm
     if (n_kv <= 0 || n_head % n_kv != 0 || n_head / n_kv > CLLM_ATTEND_MAX_GROUP ||
         ldq < n_head * head_dim)
         return CLLM_ERR_INVALID_ARG;
-    struct attn_job j = {b, q, k_cache, v_cache, ldq, n_head, n_kv, head_dim, scale, out, 0};
+    struct cllm_threadpool *tp = cpu_of(be)->tp;
+    /* A token an item where the tokens are many for the threads: all its KV heads' rows are
+     * read whole, which memory serves faster than a head's part of each (attend.h); else a KV
+     * head an item, so that a few tokens' heads share the threads and a long sequence's
+     * token, which costs more, is not one thread's alone. Same bits either way. */
+    const int64_t nth = tp ? cllm_threadpool_n_threads(tp) : 1;
+    const int32_t kv_per_item =
+        b->n_tokens >= ATTEND_TOKENS_PER_THREAD * nth && n_head <= CLLM_ATTEND_MAX_GROUP ? n_kv : 1;
+    struct attn_job j = {b,    q,        k_cache,     v_cache, ldq, n_head,
+                         n_kv, head_dim, kv_per_item, scale,   out, 0};
     /* Work grows with context length, so always split unless there is only one item. */
-    cllm_threadpool_run((int64_t)b->n_tokens * n_kv > 1 ? cpu_of(be)->tp : NULL, attn_task, &j);
+    cllm_threadpool_run((int64_t)b->n_tokens * (n_kv / kv_per_item) > 1 ? tp : NULL, attn_task, &j);
     return CLLM_OK;
 }
 
