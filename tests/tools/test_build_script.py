@@ -126,7 +126,9 @@ def check_launcher(failures, r, build):
         return
     with open(gpu, "w") as f:  # now it starts: a driver that came with the GPU, say
         f.write('#!/bin/sh\necho "the GPU build: $*"\n')
-    h = subprocess.run([launcher, "serve", "--port", "1"], capture_output=True, text=True,
+    link = os.path.join(os.path.dirname(build), "cllm-link")  # started as a link elsewhere
+    os.symlink(launcher, link)
+    h = subprocess.run([link, "serve", "--port", "1"], capture_output=True, text=True,
                        check=False)
     if h.stdout.strip() != "the GPU build: serve --port 1" or h.stderr:
         failures.append(f"the launcher does not run a GPU build that starts: {h.stdout[-300:]} "
