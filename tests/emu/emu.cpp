@@ -760,7 +760,12 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g)
 }
 /* An executable graph keeps its kernels' parameters in device memory: here 1 KiB a node,
  * refused as an allocation of that size would be (emu_refuse_device_bytes). */
+#ifdef CLLM_EMU_MUSA
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, cudaGraphNode_t *, char *,
+                                 size_t)
+#else
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long)
+#endif
 {
     if (refused(g->ops.size() << 10)) {
         refused_graphs++;

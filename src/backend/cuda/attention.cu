@@ -227,8 +227,8 @@ static __device__ __forceinline__ float split_weights(const split_scratch &sc, i
     for (int s = 0; s < MAX_SPLITS; s++)
         if (s < n_splits) {
             const float *ml = part_ml(sc, t, h, s);
-            m[s] = __ldcg(&ml[0]);
-            l[s] = __ldcg(&ml[1]);
+            m[s] = cllm_load_fresh(&ml[0]);
+            l[s] = cllm_load_fresh(&ml[1]);
         }
 #pragma unroll
     for (int s = 0; s < MAX_SPLITS; s++)
@@ -253,7 +253,7 @@ static __device__ __forceinline__ __nv_bfloat16 merged_dim(const split_scratch &
 #pragma unroll
     for (int s = 0; s < MAX_SPLITS; s++)
         if (s < n_splits)
-            num = fmaf(w[s], __ldcg(part_acc(sc, t, h, s) + d), num);
+            num = fmaf(w[s], cllm_load_fresh(part_acc(sc, t, h, s) + d), num);
     return __float2bfloat16_rn(num / den);
 }
 

@@ -402,7 +402,7 @@ static enum cllm_status cu_graph_end(struct cllm_backend *be, uint64_t key)
     cudaGraph_t graph = NULL;
     TRY(check_cuda(cudaStreamEndCapture(c->stream, &graph), "cudaStreamEndCapture"));
     cudaGraphExec_t exec = NULL;
-    enum cllm_status st = check_cuda(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+    enum cllm_status st = check_cuda(cllm_graph_instantiate(&exec, graph), "cudaGraphInstantiate");
     cudaGraphDestroy(graph);
     if (st)
         return st;

@@ -310,7 +310,7 @@ static __device__ CLLM_NOINLINE bool gather_split(const skinny_split &sp, float 
         return false;
     for (int32_t i = threadIdx.x; i < S * NT * 128; i += blockDim.x)
         if (i / (NT * 128) / per != (int32_t)blockIdx.y)
-            flat[i] = __ldcg(&sp.partials[tile + i]);
+            flat[i] = cllm_load_fresh(&sp.partials[tile + i]);
     __syncthreads();
     return true;
 }

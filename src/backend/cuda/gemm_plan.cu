@@ -254,7 +254,7 @@ static cudaError_t time_way(bool paired, const gemm_way &way, const gemm_call &a
     if (e == cudaSuccess)
         e = ended;
     if (e == cudaSuccess)
-        e = cudaGraphInstantiate(&exec, graph, 0);
+        e = cllm_graph_instantiate(&exec, graph);
     *us = INFINITY;
     for (int i = 0; i < 3 && e == cudaSuccess; i++) {
         float ms = 0.0f;

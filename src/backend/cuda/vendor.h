@@ -207,4 +207,6 @@ static inline cudaError_t cllm_launch(void (*kernel)(KArgs...), dim3 grid, dim3 
 
 #endif
 
+#include "backend/cuda/portable.h"
+
 #endif
