@@ -5,12 +5,14 @@ The MUSA SDK compiles src/backend/cuda with its clang++ (`-x musa`, CMakeLists.t
 clang's CUDA support; nvcc compiles the CUDA build and g++ the emulator's, and neither checks
 what clang checks (the __host__/__device__ rules, which overloads its headers declare) nor the
 MUSA configuration's API calls. No MUSA SDK is available here, so this compiles every .cu file
-with -DCLLM_MUSA under Debian's clang 19 in CUDA mode, for the host and, to PTX, for the
-device, against a stand-in SDK (tests/tools/musa_standin): the MUSA names vendor.h maps to,
-spelled as their twins in CUDA 11.8's runtime headers (PyPI's nvidia-cuda-runtime-cu11,
-fetched by scripts/setup --test), the API MUSA SDK 3.1 mirrors where CUDA 12 changed it.
-It also checks that no inline assembly (PTX) reaches the MUSA configuration's device code,
-and runs controls that show each of these checks failing on code that must fail.
+with -DCLLM_MUSA under Debian's clang 19 and clang 14 (which LLVM the SDK's fork is based on is
+not known here) in CUDA mode, for the host and, to PTX, for the device, against a stand-in
+SDK (tests/tools/musa_standin): the MUSA names vendor.h maps to, spelled as their twins in
+CUDA 11.8's headers (PyPI's runtime, nvcc and CCCL wheels, fetched by scripts/setup --test),
+the API MUSA SDK 3.1 mirrors where CUDA 12 changed it. Every header comes from there or from
+the compilers and the C/C++ libraries: none from the machine's own CUDA (checked). It also
+checks that no inline assembly (PTX) reaches the MUSA configuration's device code, and runs
+controls that show each of these checks failing on code that must fail.
 
 What this cannot see: the SDK's own headers (a name or overload it lacks that CUDA 11.8 has),
 the mtgpu back end, anything at run time. It found two things the MUSA build would have
@@ -30,17 +32,27 @@ CUDA_DIR = os.path.join(ROOT, "src", "backend", "cuda")
 STANDIN = os.path.join(ROOT, "tests", "tools", "musa_standin")
 CACHE = os.environ.get("CLLM_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "cllm"))
 CUDA11 = os.environ.get("CLLM_CUDA11_ROOT", os.path.join(CACHE, "cuda-11.8"))
-CLANG = os.environ.get("CLLM_CLANG_CUDA", "clang++-19")
+# (compiler, flags for both passes, flags for the device pass): clang 14 supports CUDA up to
+# 11.5 and is told that version (11.8 would make it fall back to pre-9.2 kernel launches); its
+# PTX target feature is named because it cannot infer one for an unknown CUDA version.
+COMPILERS = [
+    ("clang++-19", ["-Xclang", "-target-sdk-version=11.8"], []),
+    ("clang++-14", ["-Xclang", "-target-sdk-version=11.5"],
+     ["-Xclang", "-target-feature", "-Xclang", "+ptx75"]),
+]
 ASM = re.compile(r"\b(asm|__asm__|__asm)\b")
 MARKER = re.compile(r'^# (\d+) "([^"]+)"')
+# where a header may come from besides our sources, the stand-in and CUDA11
+SYSTEM = ("/usr/include/", "/usr/lib/gcc/", "/usr/lib/llvm-")
 
 
-def clang(src, *extra, include=()):
-    cmd = [CLANG, "-x", "cuda", "-std=c++17", "-DCLLM_MUSA", f"--cuda-path={CUDA11}",
-           "--cuda-gpu-arch=sm_80", "-nocudalib", "-Xclang", "-target-sdk-version=11.8",
+def clang(compiler, src, *extra):
+    name, both, _ = compiler
+    cmd = [name, "-x", "cuda", "-std=c++17", "-DCLLM_MUSA", f"--cuda-path={CUDA11}",
+           "--cuda-gpu-arch=sm_80", "-nocudalib", *both,
            "-isystem", STANDIN, "-isystem", os.path.join(CUDA11, "include"),
            "-I", os.path.join(ROOT, "src"), "-I", os.path.join(ROOT, "include"),
-           *[f"-I{d}" for d in include], *extra, src]
+           *extra, src]
     return subprocess.run(cmd, capture_output=True, text=True)
 
 
@@ -52,32 +64,55 @@ def errors(result):
     return lines
 
 
-def compile_errors(src, include=()):
+def compile_errors(compiler, src):
     """Both passes' front end, then the device code generated (PTX: what -fsyntax-only leaves
     out, such as a device function's call that only code generation resolves)."""
-    found = errors(clang(src, "-fsyntax-only", include=include))
+    found = errors(clang(compiler, src, "-fsyntax-only"))
     if not found:
-        found = errors(clang(src, "--cuda-device-only", "-S", "-O1", "-o", os.devnull,
-                             include=include))
+        found = errors(clang(compiler, src, "--cuda-device-only", *compiler[2], "-S", "-O1",
+                             "-o", os.devnull))
     return found
 
 
-def asm_in(src, ours, include=()):
-    """Inline assembly in the device pass's preprocessed text of files under the folder ours
-    (the headers' own, CUDA's here and the SDK's there, do not count)."""
-    result = clang(src, "--cuda-device-only", "-E", include=include)
+def preprocessed(compiler, src, side):
+    """(file, line, text) of each line of one pass's preprocessed source, or an error."""
+    result = clang(compiler, src, side, "-E")
     if result.returncode != 0:
-        return [f"cannot preprocess: {errors(result)[:3]}"]
-    found, where, line = [], None, 0
+        return None, errors(result)[:3]
+    lines, where, line = [], None, 0
     for text in result.stdout.splitlines():
         m = MARKER.match(text)
         if m:
-            line, where = int(m.group(1)), os.path.abspath(m.group(2))
+            name = m.group(2)  # <built-in>, <command line>: kept as they are
+            line, where = int(m.group(1)), name if name.startswith("<") else os.path.abspath(name)
             continue
-        if where and where.startswith(ours + os.sep) and ASM.search(text):
-            found.append(f"{os.path.relpath(where, ROOT)}:{line}: {text.strip()[:80]}")
+        lines.append((where, line, text))
         line += 1
-    return found
+    return lines, None
+
+
+def asm_in(compiler, src, ours):
+    """Inline assembly in the device pass's text of files under the folder ours (the headers'
+    own, CUDA's here and the SDK's there, do not count)."""
+    lines, failed = preprocessed(compiler, src, "--cuda-device-only")
+    if failed:
+        return [f"cannot preprocess: {failed}"]
+    return [f"{os.path.relpath(w, ROOT)}:{n}: {t.strip()[:80]}" for w, n, t in lines
+            if w and w.startswith(ours + os.sep) and ASM.search(t)]
+
+
+def foreign_headers(compiler, src):
+    """Headers from anywhere but our sources, the stand-in, CUDA11, the compiler and the C/C++
+    libraries: a CUDA header the stand-in lacks would come from the machine's toolkit."""
+    allowed = (ROOT + os.sep, os.path.abspath(CUDA11) + os.sep,
+               os.path.dirname(os.path.abspath(src)) + os.sep) + SYSTEM
+    found = set()
+    for side in ("--cuda-host-only", "--cuda-device-only"):
+        lines, failed = preprocessed(compiler, src, side)
+        if failed:
+            return [f"cannot preprocess: {failed}"]
+        found |= {w for w, _, _ in lines if w and not w.startswith(allowed + ("<",))}
+    return sorted(found)
 
 
 CONTROLS = {
@@ -91,6 +126,8 @@ CONTROLS = {
         "int host_only(int x);\n"
         "__device__ int f(int x) { return host_only(x); }\n"
         "__global__ void k(int *p) { p[0] = f(p[1]); }\n"),
+    # a CUDA header the stand-in lacks: taken from the machine's toolkit (or not found)
+    "header_from_elsewhere": ("headers", "#include <cufft.h>\n"),
     # PTX in device code: the mtgpu back end has none
     "inline_ptx": (
         "asm",
@@ -101,36 +138,41 @@ CONTROLS = {
 
 def main():
     failures = []
-    if not shutil.which(CLANG):
-        return report([f"{CLANG} not found: scripts/setup --test installs it"], "no compiler")
-    if not os.path.isfile(os.path.join(CUDA11, "include", "cuda_runtime.h")):
+    if not os.path.isfile(os.path.join(CUDA11, "include", "crt", "host_defines.h")):
         return report([f"no CUDA 11.8 headers at {CUDA11}: scripts/setup --test fetches them"],
                       "no headers")
     sources = sorted(f for f in os.listdir(CUDA_DIR) if f.endswith(".cu"))
-    for name in sources:
-        path = os.path.join(CUDA_DIR, name)
-        for e in compile_errors(path)[:5]:
-            failures.append(f"{name}: {e}")
-        for a in asm_in(path, os.path.join(ROOT, "src")):
-            failures.append(f"{name}: inline assembly in the MUSA configuration: {a}")
     if len(sources) < 8:
         failures.append(f"only {len(sources)} .cu files found: is the scan broken?")
-
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, (kind, body) in CONTROLS.items():
-            src = os.path.join(tmp, f"{name}.cu")
-            with open(src, "w", encoding="utf-8") as f:
-                f.write('#include "backend/cuda/vendor.h"\n' + body)
-            if kind == "compile":
-                caught = compile_errors(src)
-            else:
-                caught = asm_in(src, tmp)
-            if not caught:
-                failures.append(f"control {name}: not caught, so the check above could miss it")
-            else:
-                print(f"control {name}: caught ({caught[0].strip()[:100]})")
-    return report(failures, f"{len(sources)} .cu files in the MUSA configuration "
-                            f"(clang {CLANG}, CUDA 11.8 headers, {len(CONTROLS)} controls)")
+    for compiler in COMPILERS:
+        name = compiler[0]
+        if not shutil.which(name):
+            failures.append(f"{name} not found: scripts/setup --test installs it")
+            continue
+        for source in sources:
+            path = os.path.join(CUDA_DIR, source)
+            for e in compile_errors(compiler, path)[:5]:
+                failures.append(f"{name} {source}: {e}")
+            for a in asm_in(compiler, path, os.path.join(ROOT, "src")):
+                failures.append(f"{name} {source}: inline assembly in the MUSA configuration: {a}")
+            for h in foreign_headers(compiler, path):
+                failures.append(f"{name} {source}: {h} is not the stand-in's: add it there")
+        with tempfile.TemporaryDirectory() as tmp:
+            for control, (kind, body) in CONTROLS.items():
+                src = os.path.join(tmp, f"{control}.cu")
+                with open(src, "w", encoding="utf-8") as f:
+                    f.write('#include "backend/cuda/vendor.h"\n' + body)
+                caught = {"compile": lambda: compile_errors(compiler, src),
+                          "headers": lambda: foreign_headers(compiler, src),
+                          "asm": lambda: asm_in(compiler, src, tmp)}[kind]()
+                if not caught:
+                    failures.append(f"{name} control {control}: not caught, so the check "
+                                    "above could miss it")
+                else:
+                    print(f"{name} control {control}: caught ({caught[0].strip()[:90]})")
+    return report(failures, f"{len(sources)} .cu files in the MUSA configuration under "
+                            f"{len(COMPILERS)} compilers, CUDA 11.8 headers, "
+                            f"{len(CONTROLS)} controls each")
 
 
 if __name__ == "__main__":
