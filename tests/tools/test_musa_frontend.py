@@ -12,7 +12,9 @@ CUDA 11.8's headers (PyPI's runtime, nvcc and CCCL wheels, fetched by scripts/se
 the API MUSA SDK 3.1 mirrors where CUDA 12 changed it. Every header comes from there or from
 the compilers and the C/C++ libraries: none from the machine's own CUDA (checked). It also
 checks that no inline assembly (PTX) reaches the MUSA configuration's device code, and runs
-controls that show each of these checks failing on code that must fail.
+controls that show each of these checks failing on code that must fail. Last, CMake
+configures the MUSA build with a stand-in SDK whose clang++ runs the same front end on each
+compile line CMake writes, and the library of the .cu files must build.
 
 What this cannot see: the SDK's own headers (a name or overload it lacks that CUDA 11.8 has),
 the mtgpu back end, anything at run time. It found two things the MUSA build would have
@@ -136,6 +138,74 @@ CONTROLS = {
 }
 
 
+# The SDK's clang++ as CMake calls it for the cmake_build check: a MUSA source (-x musa) goes
+# through clang 19's front end with the stand-in (the SDK's own flags, -mtgpu, --cuda-gpu-arch=mp_*
+# and -Od3, left out) and becomes an empty object; anything else is compiled by clang 19 itself.
+SDK_CLANG = r"""#!/usr/bin/env python3
+import os, subprocess, sys
+args = sys.argv[1:]
+if "musa" not in [b for a, b in zip(args, args[1:]) if a == "-x"]:
+    os.execvp("clang++-19", ["clang++-19", *args])
+keep, out, deps, it = [], None, None, iter(args)
+for a in it:
+    if a in ("-x", "-MT"):
+        next(it)
+    elif a == "-o":
+        out = next(it)
+    elif a == "-MF":
+        deps = next(it)
+    elif a not in ("-mtgpu", "-Od3", "-c", "-MD") and not a.startswith("--cuda-gpu-arch="):
+        keep.append(a)
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "calls.log"), "a") as f:
+    f.write(" ".join(args) + "\n")
+check = subprocess.run(["clang++-19", "-x", "cuda", "--cuda-path=CUDA11", "--cuda-gpu-arch=sm_80",
+                        "-nocudalib", "-Xclang", "-target-sdk-version=11.8", "-isystem", "STANDIN",
+                        "-isystem", "CUDA11/include", "-fsyntax-only", *keep])
+if check.returncode:
+    sys.exit(check.returncode)
+if deps:
+    open(deps, "w").write(out + ":\n")
+sys.exit(subprocess.run(["clang++-19", "-c", "-x", "c++", os.devnull, "-o", out]).returncode)
+"""
+
+
+def cmake_build(failures, n_sources):
+    """The MUSA configuration as CMakeLists.txt compiles it (its flags, definitions, include
+    folders and C++ standard), through a stand-in SDK whose clang++ runs the front end above:
+    the library of the .cu files (cllm_backend_cuda) must build, every source through it."""
+    with tempfile.TemporaryDirectory(prefix="cllm-musa-cmake-") as tmp:
+        sdk, build = os.path.join(tmp, "musa"), os.path.join(tmp, "build")
+        for d in ("bin", "cmake"):
+            os.makedirs(os.path.join(sdk, d))
+        clang_path = os.path.join(sdk, "bin", "clang++")
+        with open(clang_path, "w", encoding="utf-8") as f:
+            f.write(SDK_CLANG.replace("CUDA11", CUDA11).replace("STANDIN", STANDIN))
+        os.chmod(clang_path, 0o755)
+        with open(os.path.join(sdk, "cmake", "FindMUSAToolkit.cmake"), "w") as f:
+            f.write("add_library(MUSA::musart INTERFACE IMPORTED)\n"
+                    "add_library(MUSA::mublas INTERFACE IMPORTED)\nset(MUSAToolkit_FOUND TRUE)\n")
+        steps = [["cmake", "-S", ROOT, "-B", build, "-DCLLM_MUSA=ON", f"-DMUSA_PATH={sdk}",
+                  "-DCMAKE_BUILD_TYPE=Release"],
+                 ["cmake", "--build", build, "--target", "cllm_backend_cuda", "-j2"]]
+        for step in steps:
+            r = subprocess.run(step, capture_output=True, text=True, check=False)
+            if r.returncode:
+                failures.append(f"CMake's MUSA build: {' '.join(step[:2])} failed: "
+                                f"{(r.stdout + r.stderr)[-2000:]}")
+                return
+        log = os.path.join(sdk, "calls.log")
+        calls = open(log).read().splitlines() if os.path.exists(log) else []
+        if len(calls) != n_sources:
+            failures.append(f"CMake's MUSA build compiled {len(calls)} MUSA sources, not "
+                            f"{n_sources}")
+        for c in calls:
+            words = c.split()
+            if "-DCLLM_MUSA" not in words or not any(w in ("-std=c++17", "-std=gnu++17")
+                                                     for w in words):
+                failures.append(f"a MUSA compile without -DCLLM_MUSA or C++17: {c[:300]}")
+        print(f"CMake's MUSA build: {len(calls)} sources through the front end")
+
+
 def main():
     failures = []
     if not os.path.isfile(os.path.join(CUDA11, "include", "crt", "host_defines.h")):
@@ -170,6 +240,8 @@ def main():
                                     "above could miss it")
                 else:
                     print(f"{name} control {control}: caught ({caught[0].strip()[:90]})")
+    if shutil.which("clang++-19"):
+        cmake_build(failures, len(sources))
     return report(failures, f"{len(sources)} .cu files in the MUSA configuration under "
                             f"{len(COMPILERS)} compilers, CUDA 11.8 headers, "
                             f"{len(CONTROLS)} controls each")
