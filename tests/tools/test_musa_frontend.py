@@ -48,13 +48,18 @@ MARKER = re.compile(r'^# (\d+) "([^"]+)"')
 SYSTEM = ("/usr/include/", "/usr/lib/gcc/", "/usr/lib/llvm-")
 
 
+def toolchain_flags(compiler):
+    """What stands in for the MUSA SDK: clang's CUDA mode on CUDA11, the stand-in's headers."""
+    _, both, _ = compiler
+    return ["-x", "cuda", f"--cuda-path={CUDA11}", "--cuda-gpu-arch=sm_80", "-nocudalib", *both,
+            "-isystem", STANDIN, "-isystem", os.path.join(CUDA11, "include")]
+
+
 def clang(compiler, src, *extra):
-    name, both, _ = compiler
-    cmd = [name, "-x", "cuda", "-std=c++17", "-DCLLM_MUSA", f"--cuda-path={CUDA11}",
-           "--cuda-gpu-arch=sm_80", "-nocudalib", *both,
-           "-isystem", STANDIN, "-isystem", os.path.join(CUDA11, "include"),
-           "-I", os.path.join(ROOT, "src"), "-I", os.path.join(ROOT, "include"),
-           *extra, src]
+    """compiler on src in the MUSA configuration (what CMakeLists.txt adds: C++17, CLLM_MUSA,
+    our include folders), with extra."""
+    cmd = [compiler[0], *toolchain_flags(compiler), "-std=c++17", "-DCLLM_MUSA",
+           "-I", os.path.join(ROOT, "src"), "-I", os.path.join(ROOT, "include"), *extra, src]
     return subprocess.run(cmd, capture_output=True, text=True)
 
 
@@ -93,28 +98,24 @@ def preprocessed(compiler, src, side):
     return lines, None
 
 
-def asm_in(compiler, src, ours):
-    """Inline assembly in the device pass's text of files under the folder ours (the headers'
-    own, CUDA's here and the SDK's there, do not count)."""
-    lines, failed = preprocessed(compiler, src, "--cuda-device-only")
-    if failed:
-        return [f"cannot preprocess: {failed}"]
-    return [f"{os.path.relpath(w, ROOT)}:{n}: {t.strip()[:80]}" for w, n, t in lines
-            if w and w.startswith(ours + os.sep) and ASM.search(t)]
-
-
-def foreign_headers(compiler, src):
-    """Headers from anywhere but our sources, the stand-in, CUDA11, the compiler and the C/C++
-    libraries: a CUDA header the stand-in lacks would come from the machine's toolkit."""
+def preprocessed_checks(compiler, src, ours):
+    """From both passes' preprocessed text, once: inline assembly in the device pass's lines of
+    files under the folder ours (the headers' own, CUDA's here and the SDK's there, do not
+    count); and headers from anywhere but our sources, src's folder, the stand-in, CUDA11, the
+    compiler and the C/C++ libraries (a CUDA header the stand-in lacks would come from the
+    machine's toolkit). A pass that cannot be preprocessed fails both."""
     allowed = (ROOT + os.sep, os.path.abspath(CUDA11) + os.sep,
-               os.path.dirname(os.path.abspath(src)) + os.sep) + SYSTEM
-    found = set()
+               os.path.dirname(os.path.abspath(src)) + os.sep, "<") + SYSTEM
+    asm, foreign = [], set()
     for side in ("--cuda-host-only", "--cuda-device-only"):
         lines, failed = preprocessed(compiler, src, side)
         if failed:
-            return [f"cannot preprocess: {failed}"]
-        found |= {w for w, _, _ in lines if w and not w.startswith(allowed + ("<",))}
-    return sorted(found)
+            return [f"cannot preprocess: {failed}"], [f"cannot preprocess: {failed}"]
+        foreign |= {w for w, _, _ in lines if w and not w.startswith(allowed)}
+        if side == "--cuda-device-only":
+            asm = [f"{os.path.relpath(w, ROOT)}:{n}: {t.strip()[:80]}" for w, n, t in lines
+                   if w and w.startswith(ours + os.sep) and ASM.search(t)]
+    return asm, sorted(foreign)
 
 
 CONTROLS = {
@@ -140,7 +141,8 @@ CONTROLS = {
 
 # The SDK's clang++ as CMake calls it for the cmake_build check: a MUSA source (-x musa) goes
 # through clang 19's front end with the stand-in (the SDK's own flags, -mtgpu, --cuda-gpu-arch=mp_*
-# and -Od3, left out) and becomes an empty object; anything else is compiled by clang 19 itself.
+# and -Od3, left out; the definitions, include folders and standard are CMake's alone) and
+# becomes an empty object; anything else is compiled by clang 19 itself.
 SDK_CLANG = r"""#!/usr/bin/env python3
 import os, subprocess, sys
 args = sys.argv[1:]
@@ -158,9 +160,7 @@ for a in it:
         keep.append(a)
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "calls.log"), "a") as f:
     f.write(" ".join(args) + "\n")
-check = subprocess.run(["clang++-19", "-x", "cuda", "--cuda-path=CUDA11", "--cuda-gpu-arch=sm_80",
-                        "-nocudalib", "-Xclang", "-target-sdk-version=11.8", "-isystem", "STANDIN",
-                        "-isystem", "CUDA11/include", "-fsyntax-only", *keep])
+check = subprocess.run(["clang++-19", *TOOLCHAIN, "-fsyntax-only", *keep])
 if check.returncode:
     sys.exit(check.returncode)
 if deps:
@@ -179,7 +179,7 @@ def cmake_build(failures, n_sources):
             os.makedirs(os.path.join(sdk, d))
         clang_path = os.path.join(sdk, "bin", "clang++")
         with open(clang_path, "w", encoding="utf-8") as f:
-            f.write(SDK_CLANG.replace("CUDA11", CUDA11).replace("STANDIN", STANDIN))
+            f.write(SDK_CLANG.replace("TOOLCHAIN", repr(toolchain_flags(COMPILERS[0]))))
         os.chmod(clang_path, 0o755)
         with open(os.path.join(sdk, "cmake", "FindMUSAToolkit.cmake"), "w") as f:
             f.write("add_library(MUSA::musart INTERFACE IMPORTED)\n"
@@ -223,18 +223,21 @@ def main():
             path = os.path.join(CUDA_DIR, source)
             for e in compile_errors(compiler, path)[:5]:
                 failures.append(f"{name} {source}: {e}")
-            for a in asm_in(compiler, path, os.path.join(ROOT, "src")):
+            asm, foreign = preprocessed_checks(compiler, path, os.path.join(ROOT, "src"))
+            for a in asm:
                 failures.append(f"{name} {source}: inline assembly in the MUSA configuration: {a}")
-            for h in foreign_headers(compiler, path):
+            for h in foreign:
                 failures.append(f"{name} {source}: {h} is not the stand-in's: add it there")
         with tempfile.TemporaryDirectory() as tmp:
             for control, (kind, body) in CONTROLS.items():
                 src = os.path.join(tmp, f"{control}.cu")
                 with open(src, "w", encoding="utf-8") as f:
                     f.write('#include "backend/cuda/vendor.h"\n' + body)
-                caught = {"compile": lambda: compile_errors(compiler, src),
-                          "headers": lambda: foreign_headers(compiler, src),
-                          "asm": lambda: asm_in(compiler, src, tmp)}[kind]()
+                if kind == "compile":
+                    caught = compile_errors(compiler, src)
+                else:
+                    asm, foreign = preprocessed_checks(compiler, src, tmp)
+                    caught = asm if kind == "asm" else foreign
                 if not caught:
                     failures.append(f"{name} control {control}: not caught, so the check "
                                     "above could miss it")
