@@ -28,6 +28,7 @@ import sys
 import tempfile
 
 from check_report import report
+from test_build_script import FIND_MUSA  # the stand-in SDK's CMake package
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 CUDA_DIR = os.path.join(ROOT, "src", "backend", "cuda")
@@ -182,8 +183,7 @@ def cmake_build(failures, n_sources):
             f.write(SDK_CLANG.replace("TOOLCHAIN", repr(toolchain_flags(COMPILERS[0]))))
         os.chmod(clang_path, 0o755)
         with open(os.path.join(sdk, "cmake", "FindMUSAToolkit.cmake"), "w") as f:
-            f.write("add_library(MUSA::musart INTERFACE IMPORTED)\n"
-                    "add_library(MUSA::mublas INTERFACE IMPORTED)\nset(MUSAToolkit_FOUND TRUE)\n")
+            f.write(FIND_MUSA)
         steps = [["cmake", "-S", ROOT, "-B", build, "-DCLLM_MUSA=ON", f"-DMUSA_PATH={sdk}",
                   "-DCMAKE_BUILD_TYPE=Release"],
                  ["cmake", "--build", build, "--target", "cllm_backend_cuda", "-j2"]]
