@@ -2,6 +2,7 @@
  * cpu/ref.c and exact products, mirroring tests/gpu/test_gpu_ops.c (test_embed_norm_silu,
  * test_attention, the GEMM's batch invariance). Host memory stands in for device memory. */
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/gemm_simt.h"
 #include "backend/cuda/kernels.h"
 extern "C" {
 #include "backend/cpu/ref.h"
@@ -424,6 +425,88 @@ static void test_gemm(int32_t N, int32_t K, int32_t n_max, bool with_bias)
     }
 }
 
+/* gemm_simt.h's formula computed on the host: lane sums over the lanes' vectors, then the
+ * butterfly (all lanes at once, each adding the lane `off` apart). */
+static float simt_formula(const float *w, const float *x, int32_t K)
+{
+    float lane[32];
+    for (int l = 0; l < 32; l++) {
+        float s = 0.0f;
+        for (int32_t v = l; v < K / 8; v += 32)
+            for (int e = 0; e < 8; e++)
+                s = fmaf(w[v * 8 + e], x[v * 8 + e], s);
+        lane[l] = s;
+    }
+    for (int off = 16; off > 0; off /= 2) {
+        float next[32];
+        for (int l = 0; l < 32; l++)
+            next[l] = lane[l] + lane[l ^ off];
+        memcpy(lane, next, sizeof lane);
+    }
+    return lane[0];
+}
+
+/* The GEMM on CUDA cores: the formula's bits exactly (so also batch-invariant: each step size
+ * takes another token tiling, 1, 2, 4 or 8 a warp), nothing written past N or n, refusals. */
+static void test_gemm_simt(int32_t N, int32_t K, int32_t n_max, bool with_bias)
+{
+    printf("gemm_simt N=%d K=%d n<=%d bias=%d\n", N, K, n_max, with_bias);
+    std::vector<float> wf = randv((int64_t)N * K, 1.0f), xf = randv((int64_t)n_max * K, 2.0f),
+                       bias = randv(N, 1.0f);
+    std::vector<__nv_bfloat16> w(wf.size()), x(xf.size());
+    for (size_t i = 0; i < w.size(); i++)
+        w[i].__x = cllm_f32_to_bf16(wf[i]);
+    for (size_t i = 0; i < x.size(); i++)
+        x[i].__x = cllm_f32_to_bf16(xf[i]);
+    const int32_t ldy = N + 3;
+    const float *b = with_bias ? bias.data() : NULL;
+    std::vector<float> want((size_t)n_max * N);
+    for (int32_t t = 0; t < n_max; t++)
+        for (int32_t i = 0; i < N; i++) {
+            const float s = simt_formula(&wf[(size_t)i * K], &xf[(size_t)t * K], K);
+            want[(size_t)t * N + i] = b ? s + b[i] : s;
+        }
+    const int32_t sizes[] = {1, 2, 3, 4, 5, 8, 9, 17, n_max};
+    for (int32_t n : sizes) {
+        if (n > n_max)
+            continue;
+        /* tokens picked in a scrambled order: each must get its own row's bits */
+        std::vector<int32_t> pick(n);
+        std::vector<__nv_bfloat16> xs((size_t)n * K);
+        for (int32_t i = 0; i < n; i++) {
+            pick[i] = (int32_t)(((int64_t)i * 37 + n * 11) % n_max);
+            memcpy(&xs[(size_t)i * K], &x[(size_t)pick[i] * K], (size_t)K * 2);
+        }
+        std::vector<float> y((size_t)(n + 1) * ldy, -7.0f); /* a row past n: never written */
+        CHECK(cllm_cuda_gemm_simt(w.data(), b, N, K, xs.data(), n, y.data(), ldy, 0) ==
+              cudaSuccess);
+        int64_t differ = 0, past = 0;
+        for (int32_t t = 0; t <= n; t++)
+            for (int32_t i = 0; i < ldy; i++) {
+                const float got = y[(size_t)t * ldy + i];
+                if (t == n || i >= N)
+                    past += got != -7.0f;
+                else
+                    differ += memcmp(&got, &want[(size_t)pick[t] * N + i], 4) != 0;
+            }
+        CHECKF(differ == 0 && past == 0,
+               "gemm_simt N=%d K=%d n=%d: %lld elements not the formula's bits, %lld written past "
+               "N or n",
+               N, K, n, (long long)differ, (long long)past);
+    }
+    /* refused: K not a multiple of 8, misaligned operands, ldy short of N */
+    std::vector<float> y8((size_t)ldy * 2);
+    CHECK(cllm_cuda_gemm_simt(w.data(), b, N, 12, x.data(), 1, y8.data(), ldy, 0) ==
+          cudaErrorInvalidValue);
+    CHECK(cllm_cuda_gemm_simt(w.data() + 1, b, N, K, x.data(), 1, y8.data(), ldy, 0) ==
+          cudaErrorInvalidValue);
+    CHECK(cllm_cuda_gemm_simt(w.data(), b, N, K, x.data() + 4, 1, y8.data(), ldy, 0) ==
+          cudaErrorInvalidValue);
+    CHECK(cllm_cuda_gemm_simt(w.data(), b, N, K, x.data(), 1, y8.data(), N - 1, 0) ==
+          cudaErrorInvalidValue);
+    CHECK(cllm_cuda_gemm_simt(w.data(), b, N, K, x.data(), 0, y8.data(), ldy, 0) == cudaSuccess);
+}
+
 /* The gate/up projection with SiLU in its epilogue equals the GEMM into F32 and then silu_mul,
  * bit for bit, in every kernel (skinny, tiled, parallel slices); columns past F of a wider
  * output are not written. */
@@ -825,6 +908,11 @@ int main(int argc, char **argv)
             test_gemm_norm(1536); /* 12 slices: with the norm inside, not split (same bits) */
         }
         cllm_cuda_gemm_force_split(1);
+    }
+    if (part(argc, argv, 11)) {
+        test_gemm_simt(40, 72, 20, true);     /* K/8 < 32: idle lanes; N not a multiple of 32 */
+        test_gemm_simt(300, 1024, 20, false); /* 4 vectors a lane */
+        test_gemm_simt(33, 2056, 12, true);   /* 257 vectors: lane 0 takes one more */
     }
     if (part(argc, argv, 10)) {
         test_gemm_tune(136, 256, 40, false); /* several slices: the parallel ways too */

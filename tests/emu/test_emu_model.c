@@ -17,6 +17,9 @@
  *     the answers are those given alone; steps whose graphs find none run op by op;
  *   - the engine's device check: a device whose BLAS is wrong is not served from.
  *
+ * The MUSA build's configuration runs it with the vendor BLAS doing every GEMM, and again with
+ * no BLAS (EMU_NO_BLAS=1): our GEMM on CUDA cores, batch-invariant like the tensor-core one.
+ *
  * CLLM_TEST_MICRO names the micro model's folder (scripts/test makes it).
  */
 #include <math.h>
@@ -435,6 +438,10 @@ static void test_device_check(void)
                "a right device: served from %s (fallback '%s')", cllm_engine_backend_name(e), why);
     cllm_engine_free(e);
 
+    /* (a run with no BLAS, EMU_NO_BLAS=1, gets one here: the wrong one) */
+    const char *no_blas = getenv("EMU_NO_BLAS");
+    const bool had_no_blas = no_blas && !strcmp(no_blas, "1");
+    unsetenv("EMU_NO_BLAS");
     setenv("CLLM_CUBLAS", "1", 1);
     setenv("EMU_BLAS_SHORT_K", "1", 1);
     e = checked_engine(CLLM_BACKEND_AUTO, false, CLLM_OK, err, sizeof err);
@@ -456,6 +463,8 @@ static void test_device_check(void)
     cllm_engine_free(e);
     unsetenv("EMU_BLAS_SHORT_K");
     unsetenv("CLLM_CUBLAS");
+    if (had_no_blas)
+        setenv("EMU_NO_BLAS", "1", 1);
 }
 
 int main(void)

@@ -55,11 +55,14 @@ static uint16_t *bf16_of(const float *x, int64_t n)
 
 static struct cllm_backend *cpu, *gpu;
 static const struct cllm_backend_iface *G;
-/* Our GEMM (gemm.cu) runs the matmuls: then its fused variants exist and it is batch-invariant.
- * Not so with every GEMM through the vendor BLAS: CLLM_CUBLAS=1, or a build without
- * tensor-core MMA (the MUSA configuration; CLLM_EXPECT_NO_MMA under the emulator), where the
- * fused GEMMs must be refused so that the model takes the unfused kernels. */
-static bool our_gemm;
+/* What runs the matmuls, as the backend chooses (backend_cuda.cu, choose_gemm) from the build
+ * and the environment. Our tensor-core GEMM (gemm.cu): its fused variants exist and it is
+ * batch-invariant. Our GEMM on CUDA cores (gemm_simt.cu: CLLM_GEMM_SIMT=1, or a build without
+ * tensor-core MMA and without a working BLAS, EMU_NO_BLAS=1 here): batch-invariant, no fused
+ * variants. The vendor BLAS (CLLM_CUBLAS=1, or a build without MMA whose BLAS works): neither.
+ * Without fused variants the fused ops must be refused, so that the model takes the unfused
+ * kernels. (CLLM_EXPECT_NO_MMA: the MUSA configuration under the emulator.) */
+static bool fused_gemm, invariant_gemm;
 /* Relative error a GEMM output may carry: F32 summation order, or the rounding to BF16 of a
  * BLAS that writes BF16 only (the emulated one with EMU_BLAS_NO_F32_OUT=1). */
 static double gemm_rel = 1e-5;
@@ -336,7 +339,7 @@ static void test_matmul_gate_up_silu(int32_t K, int32_t F)
         enum cllm_status st = G->matmul_gate_up_silu
                                   ? G->matmul_gate_up_silu(gpu, &w.g, x_d, n, F, out_d, NULL)
                                   : CLLM_ERR_UNSUPPORTED;
-        CHECKF(st == (our_gemm ? CLLM_OK : CLLM_ERR_UNSUPPORTED),
+        CHECKF(st == (fused_gemm ? CLLM_OK : CLLM_ERR_UNSUPPORTED),
                "matmul_gate_up_silu, %d rows: %s", (int)n, cllm_status_str(st));
         uint16_t *ref = malloc((size_t)n * F * 2), *out = malloc((size_t)n * F * 2);
         CHECK(G->download(gpu, ref, ref_d, (size_t)n * F * 2) == CLLM_OK);
@@ -455,7 +458,7 @@ static void test_matmul_rope_store(int32_t n_head, int32_t n_kv, int32_t hd, int
                                   ? G->matmul_rope_store(gpu, &w.g, x_d, &rope, &ab, y2_d, N, &b.g,
                                                          n_head, n_kv, k2_d, v2_d, NULL)
                                   : CLLM_ERR_UNSUPPORTED;
-        if (n > 32 || !our_gemm) {
+        if (n > 32 || !fused_gemm) {
             CHECKF(st == CLLM_ERR_UNSUPPORTED, "matmul_rope_store took a %d-token step", (int)n);
         } else {
             CHECKF(st == CLLM_OK, "matmul_rope_store, %d tokens: %s", (int)n, cllm_status_str(st));
@@ -496,7 +499,7 @@ static void test_norm_in_ops(int32_t K, int32_t F)
     make_weight(&bq, NQ, 1, 0.5f);
     make_weight(&g, K, 1, 1.0f);
     struct cllm_rope rope = {1000000.0f, hd};
-    if (!our_gemm) { /* the vendor BLAS takes no norm: refused, the model normalizes first */
+    if (!fused_gemm) { /* the vendor BLAS takes no norm: refused, the model normalizes first */
         float *r = randv(K, 1.0f);
         void *r_d = dev_upload(r, (size_t)K * 4), *o_d = dev_poisoned((size_t)K * 4);
         struct cllm_norm_in nin = {r_d, r_d, &g.g, 1e-6f, o_d};
@@ -825,7 +828,7 @@ static void test_graph(void)
 static void test_graph_short_scratch(const struct cllm_backend_options *og)
 {
     enum { n = 40, K = 1024, N = 384 }; /* several slices, more tokens than the skinny kernel's */
-    if (!our_gemm)
+    if (!fused_gemm)
         return;
     struct cllm_backend *fresh = NULL, *saved = gpu;
     char err[256] = "";
@@ -898,7 +901,7 @@ static float *matmul_on(struct cllm_backend *be, const struct cllm_weight *w, co
 static void test_out_of_memory(const struct cllm_backend_options *og)
 {
     enum { n = 40, K = 1024, N = 384, V = 300, R = 3 }; /* the shape of test_graph_short_scratch */
-    if (!our_gemm)
+    if (!fused_gemm)
         return;
     struct wpair w;
     make_weight(&w, K, N, 0.05f);
@@ -1123,42 +1126,124 @@ static void test_draw_penalties(void)
     free(logits);
 }
 
+static bool env_is(const char *name, const char *value)
+{
+    const char *v = getenv(name);
+    return v && !strcmp(v, value);
+}
+
+#ifdef CLLM_EMULATED
+/* A second backend started with the emulated BLAS's fault `fault` set (tests/emu/blas_emu.cpp):
+ * refused with `refusal` in its error where that is given; else started, and its GEMM right
+ * (against the exact product) and batch-invariant (tokens alone against the same tokens in a
+ * step of 9), with the fault still set: so the faulty BLAS is not what computes it. */
+static void check_blas_fault(const struct cllm_backend_options *og, const char *fault,
+                             const char *refusal)
+{
+    enum { K = 72, N = 40, n = 9 };
+    struct cllm_backend *be = NULL, *saved = gpu;
+    char err[256] = "";
+    const bool was_set = env_is(fault, "1"); /* the whole test's setting, kept after */
+    setenv(fault, "1", 1);
+    enum cllm_status st = cllm_backend_new(&be, og, err, sizeof err);
+    if (refusal || st != CLLM_OK) {
+        CHECKF(refusal ? st == CLLM_ERR_DEVICE && strstr(err, refusal) : st == CLLM_OK,
+               "%s=1: %s (%s)", fault, st == CLLM_OK ? "started" : "refused", err);
+        if (st == CLLM_OK)
+            cllm_backend_free(be);
+        if (!was_set)
+            unsetenv(fault);
+        return;
+    }
+    gpu = be; /* make_weight and dev_upload use it */
+    struct wpair w;
+    make_weight(&w, K, N, 0.05f);
+    float *x = randv(n * K, 1.0f);
+    uint16_t *xb = bf16_of(x, (int64_t)n * K);
+    void *x_d = dev_upload(xb, (size_t)n * K * 2), *y_d = dev_poisoned((size_t)n * N * 4);
+    float *all = matmul_on(be, &w.g, x_d, n, y_d, N);
+    int bad = 0, differ = 0;
+    for (int t = 0; t < n; t++)
+        for (int r = 0; r < N; r++) {
+            double exact = 0.0, mag = 0.0;
+            for (int k = 0; k < K; k++) {
+                const double p = (double)w.f32[r * K + k] * x[t * K + k];
+                exact += p, mag += fabs(p);
+            }
+            bad += !(fabs(all[t * N + r] - exact) <= 1e-5 * mag + 1e-30);
+        }
+    for (int t = 0; t < n; t += 4) {
+        float *one = matmul_on(be, &w.g, (const char *)x_d + (size_t)t * K * 2, 1, y_d, N);
+        differ += memcmp(one, all + t * N, N * 4) != 0;
+        free(one);
+    }
+    CHECKF(bad == 0 && differ == 0,
+           "%s=1: the GEMM has %d elements off the exact product, %d tokens alone differ", fault,
+           bad, differ);
+    if (!was_set)
+        unsetenv(fault);
+    free(all), free(x), free(xb);
+    G->dealloc(gpu, x_d), G->dealloc(gpu, y_d);
+    free_weight(&w);
+    cllm_backend_free(be);
+    gpu = saved;
+}
+
+/* What runs the GEMMs where the vendor BLAS is missing or computes wrongly. Without MMA (the
+ * MUSA configuration) our GEMM on CUDA cores, the GPU kept; with MMA our tensor-core GEMM,
+ * except where CLLM_CUBLAS=1 asks for a BLAS that is wrong: that is refused. */
+static void test_blas_fallbacks(const struct cllm_backend_options *og)
+{
+    check_blas_fault(og, "EMU_NO_BLAS", NULL);
+#ifdef CLLM_EXPECT_NO_MMA
+    check_blas_fault(og, "EMU_BLAS_WRONG", NULL);
+#else
+    const bool asked = env_is("CLLM_CUBLAS", "1");
+    if (!asked) /* the BLAS is not used */
+        check_blas_fault(og, "EMU_BLAS_WRONG", NULL);
+    if (!env_is("CLLM_GEMM_SIMT", "1")) { /* (which would take precedence) */
+        setenv("CLLM_CUBLAS", "1", 1);
+        check_blas_fault(og, "EMU_BLAS_WRONG", "cuBLAS fails a small BF16 GEMM");
+        if (!asked)
+            unsetenv("CLLM_CUBLAS");
+    }
+#endif
+}
+#else
+static void test_blas_fallbacks(const struct cllm_backend_options *og)
+{
+    (void)og;
+}
+#endif
+
 int main(void)
 {
     struct cllm_backend_options oc = {CLLM_BACKEND_CPU, 0, 0, CLLM_CPU_WEIGHTS_STORED, 0},
                                 og = {CLLM_BACKEND_CUDA, 0, 0, CLLM_CPU_WEIGHTS_STORED, 0};
     char err[256] = "";
-#ifdef CLLM_EXPECT_NO_MMA
-    /* Without MMA the BLAS does every GEMM: no BLAS, or one that computes wrongly, no backend
-     * (the emulated BLAS fails on demand). */
-    setenv("EMU_NO_BLAS", "1", 1);
-    CHECKF(cllm_backend_new(&gpu, &og, err, sizeof err) == CLLM_ERR_DEVICE &&
-               strstr(err, "needs the vendor BLAS"),
-           "a build without MMA started without a BLAS (%s)", err);
-    unsetenv("EMU_NO_BLAS");
-    setenv("EMU_BLAS_WRONG", "1", 1);
-    CHECKF(cllm_backend_new(&gpu, &og, err, sizeof err) == CLLM_ERR_DEVICE &&
-               strstr(err, "fails a small BF16 GEMM"),
-           "a build without MMA started on a BLAS that computes wrongly (%s)", err);
-    unsetenv("EMU_BLAS_WRONG");
-    if (getenv("EMU_BLAS_NO_F32_OUT") && !strcmp(getenv("EMU_BLAS_NO_F32_OUT"), "1"))
-        gemm_rel = 1.0 / 256; /* 2^-9 per element, doubled */
-#endif
     if (cllm_backend_new(&gpu, &og, err, sizeof err) != CLLM_OK) {
         printf("skipped: %s\n", err);
         return 77;
     }
     G = gpu->iface;
+    const bool simt = env_is("CLLM_GEMM_SIMT", "1");
 #ifdef CLLM_EXPECT_NO_MMA
-    our_gemm = false;
+    /* Without MMA the BLAS does every GEMM where it works, else our GEMM on CUDA cores */
+    invariant_gemm = simt || env_is("EMU_NO_BLAS", "1");
+    if (!invariant_gemm && env_is("EMU_BLAS_NO_F32_OUT", "1"))
+        gemm_rel = 1.0 / 256; /* 2^-9 per element, doubled */
 #else
-    our_gemm = !(getenv("CLLM_CUBLAS") && !strcmp(getenv("CLLM_CUBLAS"), "1"));
+    fused_gemm = !simt && !env_is("CLLM_CUBLAS", "1");
+    invariant_gemm = simt || fused_gemm;
 #endif
-    printf("GEMMs: %s\n", our_gemm ? "ours" : "the vendor BLAS (no batch-invariance check)");
+    printf("GEMMs: %s\n", fused_gemm       ? "ours on tensor cores"
+                          : invariant_gemm ? "ours on CUDA cores"
+                                           : "the vendor BLAS (no batch-invariance check)");
     if (cllm_backend_new(&cpu, &oc, err, sizeof err) != CLLM_OK) {
         fprintf(stderr, "%s\n", err);
         return 1;
     }
+    test_blas_fallbacks(&og);
     size_t free_b = 0, total_b = 0;
     CHECK(G->mem_info(gpu, &free_b, &total_b) == CLLM_OK && free_b > 0 && free_b <= total_b);
 
@@ -1174,7 +1259,7 @@ int main(void)
     int32_t shapes[][3] = {{264, 100, 1}, {256, 136, 7}, {520, 72, 40}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         test_matmul(shapes[i][0], shapes[i][1], shapes[i][2]);
-    if (our_gemm)
+    if (invariant_gemm)
         test_matmul_invariance(264, 48);
     test_matmul_gate_up_silu(264, 52);
     test_tune_matmul(264, 40, 40);
@@ -1191,7 +1276,7 @@ int main(void)
     int32_t shapes[][3] = {{1536, 1536, 1}, {1536, 2048, 7}, {8960, 1536, 64}, {1536, 17920, 300}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         test_matmul(shapes[i][0], shapes[i][1], shapes[i][2]);
-    if (our_gemm) {
+    if (invariant_gemm) {
         test_matmul_invariance(1536, 2048); /* QKV of Qwen2.5-1.5B: many slices */
         test_matmul_invariance(8960, 1536); /* down projection */
         test_matmul_invariance(1536, 8960); /* one slice */

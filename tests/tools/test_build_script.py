@@ -18,7 +18,11 @@ cannot start, as a binary missing a shared library would be (the SDK's, or the G
 in a build without the GPU). The link names the SDK's library folder (the binary's
 DT_RPATH); scripts/build sees that the binary does not start, says what it printed, builds
 the CPU-only binary as well and makes build/cllm a launcher: it runs the CPU build while the
-GPU build does not start, and the GPU build once it does."""
+GPU build does not start, and the GPU build once it does.
+
+A fourth fails every MUSA source on muBLAS ('mublas.h' not found) unless the build leaves
+muBLAS out: scripts/build reports it, tries once more with CLLM_MUSA_BLAS=OFF, and that build
+is the result (on the GPU, every GEMM on CUDA cores)."""
 import os
 import shutil
 import subprocess
@@ -64,7 +68,38 @@ exec CXX "$@"
 """
 
 
-def fake_sdk(root, hang=False, links=False):
+# Fails every MUSA source as a compiler does on a muBLAS it does not know, unless the build
+# leaves muBLAS out (-DCLLM_NO_BLAS), when it makes empty objects; links cllm into a program
+# that starts; logs each command line.
+FAILS_ON_MUBLAS = r"""#!/bin/sh
+echo "$*" >> "$(dirname "$0")/../calls.log"
+out= deps= musa=0 noblas=0 prev=
+for a in "$@"; do
+  [ "$prev" = -o ] && out=$a
+  [ "$prev" = -MF ] && deps=$a
+  [ "$prev" = -x ] && [ "$a" = musa ] && musa=1
+  [ "$a" = -DCLLM_NO_BLAS ] && noblas=1
+  prev=$a
+done
+if [ $musa = 1 ]; then
+  if [ $noblas = 0 ]; then
+    echo "vendor.h:29:10: fatal error: 'mublas.h' file not found" >&2
+    exit 1
+  fi
+  [ -z "$deps" ] || echo "$out:" > "$deps"
+  exec CXX -c -x c++ /dev/null -o "$out"
+fi
+case $out in
+  cllm | */cllm)
+    printf '#!/bin/sh\necho "cllm (the GPU build without muBLAS)"\n' > "$out"
+    chmod +x "$out"
+    exit 0 ;;
+esac
+exec CXX "$@"
+"""
+
+
+def fake_sdk(root, hang=False, links=False, no_mublas=False):
     os.makedirs(os.path.join(root, "bin"))
     os.makedirs(os.path.join(root, "cmake"))
     os.makedirs(os.path.join(root, "lib"))
@@ -75,6 +110,8 @@ def fake_sdk(root, hang=False, links=False):
             f.write('#!/bin/sh\nsleep 3600\n')
         elif links:
             f.write(LINKS_UNSTARTABLE.replace("CXX", cxx).replace("ERROR", LOADER_ERROR))
+        elif no_mublas:
+            f.write(FAILS_ON_MUBLAS.replace("CXX", cxx))
         else:
             f.write(f'#!/bin/sh\nexec {cxx} "$@"\n')
     os.chmod(clang, 0o755)
@@ -194,8 +231,26 @@ def main():
         if not any(rpath in c and "--disable-new-dtags" in c for c in links):
             failures.append(f"cllm is not linked with {rpath} as DT_RPATH: {links[-1:]}")
         check_launcher(failures, r, build)
-    return report(failures, "scripts/build with a GPU toolkit that fails, hangs or links a "
-                            "binary that cannot start")
+
+        sdk, build = os.path.join(tmp, "musa-no-mublas"), os.path.join(tmp, "build-no-mublas")
+        fake_sdk(sdk, no_mublas=True)
+        r = build_with(sdk, build)
+        err, lines = r.stderr, r.stdout.strip().splitlines()
+        if "naming muBLAS" not in err or "'mublas.h' file not found" not in err or \
+                "once more without muBLAS" not in err:
+            failures.append(f"the MUSA build's failure on muBLAS is not reported: {err[-1500:]}")
+        if r.returncode != 0 or not lines or lines[-1] != os.path.join(build, "cllm") or \
+                "runs on the GPU" not in err:
+            failures.append(f"the MUSA build without muBLAS is not the result: exit "
+                            f"{r.returncode}, {lines[-1:]}, {err[-800:]}")
+        cache = open(os.path.join(build, "CMakeCache.txt")).read()
+        if "CLLM_MUSA:BOOL=ON" not in cache or "CLLM_MUSA_BLAS:BOOL=OFF" not in cache:
+            failures.append("the second MUSA build is not configured without muBLAS")
+        calls = open(os.path.join(sdk, "calls.log")).read().splitlines()
+        if not any("-x musa" in c and "-DCLLM_NO_BLAS" in c for c in calls):
+            failures.append("no MUSA source was compiled without muBLAS (-DCLLM_NO_BLAS)")
+    return report(failures, "scripts/build with a GPU toolkit that fails, hangs, links a "
+                            "binary that cannot start or fails on muBLAS")
 
 
 if __name__ == "__main__":

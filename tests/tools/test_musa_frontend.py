@@ -14,7 +14,8 @@ the compilers and the C/C++ libraries: none from the machine's own CUDA (checked
 checks that no inline assembly (PTX) reaches the MUSA configuration's device code, and runs
 controls that show each of these checks failing on code that must fail. Last, CMake
 configures the MUSA build with a stand-in SDK whose clang++ runs the same front end on each
-compile line CMake writes, and the library of the .cu files must build.
+compile line CMake writes, and the library of the .cu files must build; and again without
+muBLAS (CLLM_MUSA_BLAS=OFF, scripts/build's second try), with no mublas.h in the stand-in.
 
 What this cannot see: the SDK's own headers (a name or overload it lacks that CUDA 11.8 has),
 the mtgpu back end, anything at run time. It found two things the MUSA build would have
@@ -170,40 +171,50 @@ sys.exit(subprocess.run(["clang++-19", "-c", "-x", "c++", os.devnull, "-o", out]
 """
 
 
-def cmake_build(failures, n_sources):
+def cmake_build(failures, n_sources, blas=True):
     """The MUSA configuration as CMakeLists.txt compiles it (its flags, definitions, include
     folders and C++ standard), through a stand-in SDK whose clang++ runs the front end above:
-    the library of the .cu files (cllm_backend_cuda) must build, every source through it."""
+    the library of the .cu files (cllm_backend_cuda) must build, every source through it.
+    Without muBLAS (blas=False: CLLM_MUSA_BLAS=OFF, scripts/build's second try), with a stand-in
+    SDK that has no mublas.h: every source must build without it."""
+    what = "CMake's MUSA build" + ("" if blas else " without muBLAS")
     with tempfile.TemporaryDirectory(prefix="cllm-musa-cmake-") as tmp:
         sdk, build = os.path.join(tmp, "musa"), os.path.join(tmp, "build")
         for d in ("bin", "cmake"):
             os.makedirs(os.path.join(sdk, d))
+        flags = toolchain_flags(COMPILERS[0])
+        if not blas:
+            standin = os.path.join(tmp, "standin")
+            shutil.copytree(STANDIN, standin, ignore=shutil.ignore_patterns("mublas.h"))
+            flags = [standin if f == STANDIN else f for f in flags]
         clang_path = os.path.join(sdk, "bin", "clang++")
         with open(clang_path, "w", encoding="utf-8") as f:
-            f.write(SDK_CLANG.replace("TOOLCHAIN", repr(toolchain_flags(COMPILERS[0]))))
+            f.write(SDK_CLANG.replace("TOOLCHAIN", repr(flags)))
         os.chmod(clang_path, 0o755)
         with open(os.path.join(sdk, "cmake", "FindMUSAToolkit.cmake"), "w") as f:
             f.write(FIND_MUSA)
         steps = [["cmake", "-S", ROOT, "-B", build, "-DCLLM_MUSA=ON", f"-DMUSA_PATH={sdk}",
-                  "-DCMAKE_BUILD_TYPE=Release"],
+                  "-DCMAKE_BUILD_TYPE=Release", f"-DCLLM_MUSA_BLAS={'ON' if blas else 'OFF'}"],
                  ["cmake", "--build", build, "--target", "cllm_backend_cuda", "-j2"]]
         for step in steps:
             r = subprocess.run(step, capture_output=True, text=True, check=False)
             if r.returncode:
-                failures.append(f"CMake's MUSA build: {' '.join(step[:2])} failed: "
+                failures.append(f"{what}: {' '.join(step[:2])} failed: "
                                 f"{(r.stdout + r.stderr)[-2000:]}")
                 return
         log = os.path.join(sdk, "calls.log")
         calls = open(log).read().splitlines() if os.path.exists(log) else []
         if len(calls) != n_sources:
-            failures.append(f"CMake's MUSA build compiled {len(calls)} MUSA sources, not "
-                            f"{n_sources}")
+            failures.append(f"{what} compiled {len(calls)} MUSA sources, not {n_sources}")
         for c in calls:
             words = c.split()
             if "-DCLLM_MUSA" not in words or not any(w in ("-std=c++17", "-std=gnu++17")
                                                      for w in words):
                 failures.append(f"a MUSA compile without -DCLLM_MUSA or C++17: {c[:300]}")
-        print(f"CMake's MUSA build: {len(calls)} sources through the front end")
+            if ("-DCLLM_NO_BLAS" in words) == blas:
+                failures.append(f"{what}: a compile {'with' if blas else 'without'} "
+                                f"-DCLLM_NO_BLAS: {c[:300]}")
+        print(f"{what}: {len(calls)} sources through the front end")
 
 
 def main():
@@ -245,6 +256,7 @@ def main():
                     print(f"{name} control {control}: caught ({caught[0].strip()[:90]})")
     if shutil.which("clang++-19"):
         cmake_build(failures, len(sources))
+        cmake_build(failures, len(sources), blas=False)
     return report(failures, f"{len(sources)} .cu files in the MUSA configuration under "
                             f"{len(COMPILERS)} compilers, CUDA 11.8 headers, "
                             f"{len(CONTROLS)} controls each")

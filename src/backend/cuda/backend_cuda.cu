@@ -260,8 +260,9 @@ static void bind_iface(struct cllm_backend_iface *f)
 /* Where the BLAS does the model's GEMMs (a build without MMA, CLLM_CUBLAS=1): one small GEMM
  * at start-up, whose exact result is known (small integers: every sum is exact in F32 and in
  * BF16), in F32 output, else in BF16 output (c->blas_bf16_out) - muBLAS's F32 output from BF16
- * is unverified, its BF16 output is what PyTorch uses. Neither right: the device is refused. */
-static enum cllm_status probe_blas(struct cuda *c, char *err, size_t err_len)
+ * is unverified, its BF16 output is what PyTorch uses. *right: one of them was right (else
+ * choose_gemm decides); an error only where the probe could not run (memory, the device). */
+static enum cllm_status probe_blas(struct cuda *c, bool *right_out, char *err, size_t err_len)
 {
     enum { K = 16, N = 8, n = 3 };
     uint16_t w[N * K], x[n * K];
@@ -311,10 +312,8 @@ static enum cllm_status probe_blas(struct cuda *c, char *err, size_t err_len)
     if (st)
         return cllm_fail(err, err_len, st, "CUDA device %d: the BLAS probe failed", c->device);
     if (!right)
-        return cllm_fail(err, err_len, CLLM_ERR_DEVICE,
-                         "CUDA device %d: the vendor BLAS fails a small BF16 GEMM, with F32 and "
-                         "with BF16 output (see the log)",
-                         c->device);
+        c->blas_bf16_out = false;
+    *right_out = right;
     return CLLM_OK;
 }
 
@@ -369,6 +368,64 @@ static unsigned choose_gemm_variants(void)
     return tune && strcmp(tune, "0") == 0 ? 0u : open;
 }
 
+/* Which GEMM runs the model (struct cuda's gemm), into c->gemm with its description for the
+ * start-up line; c->blas is the loaded BLAS or NULL (blas_err: why). A build without MMA takes
+ * the BLAS where it passes the probe (probe_blas; CLLM_CUBLAS=1 asks the same of any build),
+ * else our GEMM on CUDA cores: a BLAS missing or wrong costs the GPU's speed for prefill, not
+ * the GPU. CLLM_GEMM_SIMT=1 takes that GEMM on any build. Fails only where a probe could not
+ * run at all (the device's error). */
+static enum cllm_status choose_gemm(struct cuda *c, const char *blas_err, const char **what,
+                                    char *err, size_t err_len)
+{
+#ifdef CLLM_HAVE_MMA
+    c->gemm = CUDA_GEMM_MMA;
+    *what = "ours, batch-invariant";
+    if (!c->blas)
+        cllm_log(CLLM_LOG_INFO, "cuda: no cuBLAS (%s): our GEMM only", blas_err);
+    if (env_is_one("CLLM_CUBLAS")) {
+        if (c->blas)
+            c->gemm = CUDA_GEMM_BLAS;
+        else
+            cllm_log(CLLM_LOG_WARN, "cuda: CLLM_CUBLAS=1 ignored: cuBLAS could not be loaded");
+    }
+#else
+    c->gemm = CUDA_GEMM_BLAS; /* our tensor-core GEMM needs mma.sync */
+    if (!c->blas) {
+        cllm_log(CLLM_LOG_WARN,
+                 "cuda: no vendor BLAS (%s): every GEMM runs on CUDA cores, prefill is slower",
+                 blas_err);
+        c->gemm = CUDA_GEMM_SIMT;
+    }
+#endif
+    if (env_is_one("CLLM_GEMM_SIMT"))
+        c->gemm = CUDA_GEMM_SIMT;
+    if (c->gemm == CUDA_GEMM_BLAS) {
+        bool right = false;
+        TRY(probe_blas(c, &right, err, err_len));
+        if (!right) {
+#ifdef CLLM_HAVE_MMA
+            return cllm_fail(err, err_len, CLLM_ERR_DEVICE,
+                             "CUDA device %d: cuBLAS fails a small BF16 GEMM, with F32 and with "
+                             "BF16 output (see the log; CLLM_CUBLAS=1 asked for it)",
+                             c->device);
+#else
+            cllm_log(CLLM_LOG_ERROR, "cuda: the vendor BLAS fails a small BF16 GEMM, with F32 and "
+                                     "with BF16 output: every GEMM runs on CUDA cores instead");
+            c->blas_api.destroy(c->blas); /* not even for operands ours refuses */
+            c->blas = NULL;
+            c->gemm = CUDA_GEMM_SIMT;
+#endif
+        }
+    }
+    if (c->gemm == CUDA_GEMM_SIMT)
+        *what = "ours on CUDA cores, batch-invariant";
+    else if (c->gemm == CUDA_GEMM_BLAS)
+        *what = c->blas_bf16_out
+                    ? "the vendor BLAS in BF16 (it writes no F32 from BF16; not batch-invariant)"
+                    : "the vendor BLAS (not batch-invariant)";
+    return CLLM_OK;
+}
+
 extern "C" enum cllm_status cllm_backend_cuda_new(struct cllm_backend **out, int32_t device,
                                                   char *err, size_t err_len)
 {
@@ -412,9 +469,10 @@ extern "C" enum cllm_status cllm_backend_cuda_new(struct cllm_backend **out, int
         cu_free(&c->be);
         return CLLM_ERR_DEVICE;
     }
-    /* cuBLAS, if it is there: only the fallback and the CLLM_CUBLAS=1 comparison need it. A
-     * fixed workspace: it must not allocate while a step is being recorded. */
-    char blas_err[256];
+    /* cuBLAS, if it is there: only the fallback and the CLLM_CUBLAS=1 comparison need it (and a
+     * build without MMA, which has no GEMM of ours on tensor cores). A fixed workspace: it must
+     * not allocate while a step is being recorded. */
+    char blas_err[256] = "";
     if (cllm_blas_load(&c->blas_api, blas_err, sizeof blas_err)) {
         cublasStatus_t s = c->blas_api.create(&c->blas);
         if (s == CUBLAS_STATUS_SUCCESS)
@@ -427,39 +485,20 @@ extern "C" enum cllm_status cllm_backend_cuda_new(struct cllm_backend **out, int
             cu_free(&c->be);
             return CLLM_ERR_DEVICE;
         }
-    } else {
-#ifndef CLLM_HAVE_MMA
-        /* without tensor-core MMA our GEMM is not built: the BLAS does every GEMM */
-        cllm_fail(err, err_len, CLLM_ERR_DEVICE,
-                  "CUDA device %d: this build needs the vendor BLAS: %s", (int)device, blas_err);
+    }
+    const char *gemm = NULL;
+    enum cllm_status st = choose_gemm(c, blas_err, &gemm, err, err_len);
+    if (st != CLLM_OK) {
         cu_free(&c->be);
-        return CLLM_ERR_DEVICE;
-#else
-        cllm_log(CLLM_LOG_INFO, "cuda: no cuBLAS (%s): our GEMM only", blas_err);
-#endif
+        return st;
     }
-    c->cublas_only = env_is_one("CLLM_CUBLAS");
-    if (c->cublas_only && !c->blas) {
-        cllm_log(CLLM_LOG_WARN, "cuda: CLLM_CUBLAS=1 ignored: cuBLAS could not be loaded");
-        c->cublas_only = false;
-    }
-    const char *gemm =
-        c->cublas_only ? "cuBLAS (CLLM_CUBLAS=1, not batch-invariant)" : "ours, batch-invariant";
+#ifdef CLLM_HAVE_MMA
     c->attention_simt = env_is_one("CLLM_ATTN_SIMT");
-#ifndef CLLM_HAVE_MMA
-    /* our GEMM and the tensor-core attention need mma.sync */
-    c->cublas_only = true;
-    gemm = "the vendor BLAS (not batch-invariant)";
-    c->attention_simt = true;
+#else
+    c->attention_simt = true; /* the tensor-core attention needs mma.sync */
 #endif
-    if (c->cublas_only && probe_blas(c, err, err_len) != CLLM_OK) {
-        cu_free(&c->be);
-        return CLLM_ERR_DEVICE;
-    }
-    if (c->blas_bf16_out)
-        gemm = "the vendor BLAS in BF16 (it writes no F32 from BF16; not batch-invariant)";
-    char ours[96];
-    if (!c->cublas_only) {
+    char ours[160];
+    if (c->gemm == CUDA_GEMM_MMA) {
         c->tune_what = choose_gemm_variants();
         snprintf(ours, sizeof ours, "%s, %s%s", gemm,
                  c->tune_what & CLLM_CUDA_GEMM_TUNE_TILING ? "tiles tuned at start, default "

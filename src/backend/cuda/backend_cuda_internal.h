@@ -40,6 +40,13 @@ struct draw {
     size_t counts_cap;
 };
 
+/* What runs the model's GEMMs: ours on tensor cores (gemm.h; the fused variants too), the
+ * vendor BLAS (not batch-invariant: CLLM_CUBLAS=1, or a build without MMA whose BLAS passes the
+ * start-up probe), or ours on CUDA cores (gemm_simt.h: a build without MMA and without a working
+ * BLAS, or CLLM_GEMM_SIMT=1). With either of the last two the fused GEMMs are refused and the
+ * model runs the separate kernels. */
+enum cuda_gemm { CUDA_GEMM_MMA, CUDA_GEMM_BLAS, CUDA_GEMM_SIMT };
+
 struct cuda {
     struct cllm_backend be;
     struct cllm_backend_iface
@@ -49,8 +56,7 @@ struct cuda {
     struct cllm_blas blas_api; /* bound at start-up (blas.h) */
     cublasHandle_t blas;       /* NULL without the library */
     void *blas_workspace;
-    bool cublas_only;    /* every GEMM through the BLAS (not batch-invariant): CLLM_CUBLAS=1, or a
-                            build without MMA */
+    enum cuda_gemm gemm; /* what runs the model's GEMMs */
     bool attention_simt; /* CLLM_ATTN_SIMT=1: the CUDA-core attention kernel (comparison) */
     bool probing_blas;   /* the start-up probe is running */
     bool blas_bf16_out;  /* the BLAS writes GEMMs in BF16 only (the start-up probe found) ... */

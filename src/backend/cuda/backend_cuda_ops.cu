@@ -12,6 +12,7 @@
 
 #include "backend/cuda/backend_cuda_internal.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/gemm_simt.h"
 
 /* --- ops --- */
 
@@ -138,7 +139,11 @@ static enum cllm_status cu_matmul(struct cllm_backend *be, const struct cllm_wei
         return CLLM_OK;
     int K = (int)w->ne[0], N = (int)w->ne[1];
     const float *b = bias ? (const float *)bias->data : NULL;
-    if (!c->cublas_only && cllm_cuda_gemm_supported(w->data, x, K)) {
+    if (c->gemm == CUDA_GEMM_SIMT && cllm_cuda_gemm_simt_supported(w->data, x, K))
+        return check_cuda(cllm_cuda_gemm_simt((const __nv_bfloat16 *)w->data, b, N, K,
+                                              (const __nv_bfloat16 *)x, n, y, ldy, c->stream),
+                          "gemm (CUDA cores)");
+    if (c->gemm == CUDA_GEMM_MMA && cllm_cuda_gemm_supported(w->data, x, K)) {
         TRY(grow_gemm_scratch(c, cllm_cuda_gemm_scratch_bytes(N, K, n, false)));
         return check_cuda(cllm_cuda_gemm((const __nv_bfloat16 *)w->data, b, N, K,
                                          (const __nv_bfloat16 *)x, n, y, ldy, c->gemm_scratch,
@@ -179,7 +184,7 @@ static enum cllm_status cu_matmul_gate_up_silu(struct cllm_backend *be, const st
     struct cllm_cuda_norm_in nin;
     if (norm && !gemm_norm(norm, n, K, &nin))
         return CLLM_ERR_UNSUPPORTED;
-    if (c->cublas_only || !cllm_cuda_gemm_supported(w->data, norm ? w->data : x, K))
+    if (c->gemm != CUDA_GEMM_MMA || !cllm_cuda_gemm_supported(w->data, norm ? w->data : x, K))
         return CLLM_ERR_UNSUPPORTED;
     if (n <= 0)
         return CLLM_OK;
@@ -213,7 +218,7 @@ static enum cllm_status cu_tune_matmul(struct cllm_backend *be, const struct cll
         data[i] = (const __nv_bfloat16 *)w[i]->data;
     }
     const int32_t K = (int32_t)w[0]->ne[0], N = (int32_t)w[0]->ne[1];
-    bool ours = !c->cublas_only && c->tune_what;
+    bool ours = c->gemm == CUDA_GEMM_MMA && c->tune_what;
     for (int32_t i = 0; i < n_w && ours; i++)
         ours = cllm_cuda_gemm_supported(data[i], x, K);
     if (!ours || cllm_cuda_gemm_tuned(N, K, n_max))
@@ -300,7 +305,7 @@ static enum cllm_status cu_matmul_rope_store(struct cllm_backend *be, const stru
         return CLLM_ERR_INVALID_ARG;
     int32_t K = (int32_t)w->ne[0];
     struct cllm_cuda_norm_in nin;
-    if (c->cublas_only || (norm && !gemm_norm(norm, b->n_tokens, K, &nin)) ||
+    if (c->gemm != CUDA_GEMM_MMA || (norm && !gemm_norm(norm, b->n_tokens, K, &nin)) ||
         !cllm_cuda_gemm_rope_supported(w->data, norm ? w->data : x, K, b->n_tokens, rope->head_dim))
         return CLLM_ERR_UNSUPPORTED;
     struct cllm_cuda_rope_store r;

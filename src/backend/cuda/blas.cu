@@ -3,7 +3,8 @@
  * are the ones a link would have used. muBLAS is linked instead: its mublasGemmEx is a C++
  * overload set (the SDK exports it with C++ linkage, so no C name finds it), and taking its
  * address as our pointer type lets the compiler pick the overload that takes a
- * mublasComputeType_t. */
+ * mublasComputeType_t. A build without the BLAS (CLLM_NO_BLAS) finds none: our GEMM on CUDA
+ * cores does every GEMM there. */
 #include "backend/cuda/vendor.h"
 
 #include <dlfcn.h>
@@ -12,7 +13,21 @@
 
 #include "backend/cuda/blas.h"
 
-#if defined(CLLM_MUSA)
+#if defined(CLLM_NO_BLAS)
+
+bool cllm_blas_load(struct cllm_blas *b, char *err, size_t err_len)
+{
+    memset(b, 0, sizeof *b);
+    snprintf(err, err_len, "built without the vendor BLAS (CLLM_MUSA_BLAS=OFF)");
+    return false;
+}
+
+void cllm_blas_unload(struct cllm_blas *b)
+{
+    memset(b, 0, sizeof *b);
+}
+
+#elif defined(CLLM_MUSA)
 
 bool cllm_blas_load(struct cllm_blas *b, char *err, size_t err_len)
 {

@@ -27,7 +27,9 @@
 
 #include <musa_runtime.h>
 #include <musa_bf16.h>
+#ifndef CLLM_NO_BLAS
 #include <mublas.h>
+#endif
 
 /* runtime */
 #define cudaError_t musaError_t
@@ -110,6 +112,26 @@
 #define cudaDataType musaDataType_t
 #define cublasComputeType_t mublasComputeType_t
 #define cublasGemmAlgo_t mublasGemmAlgo_t
+
+#ifdef CLLM_NO_BLAS
+/* Built without muBLAS (CMake's CLLM_MUSA_BLAS=OFF: what scripts/build tries when a build
+ * fails on muBLAS): the muBLAS names blas.h's table and the BLAS path spell, as stand-ins that
+ * are never called (cllm_blas_load finds no library, and our GEMM on CUDA cores, gemm_simt.cu,
+ * does every GEMM). The data types are ours, not musaDataType_t: whether the runtime's headers
+ * declare that without muBLAS's is not known here. */
+typedef struct cllm_no_blas *mublasHandle_t;
+typedef enum { MUBLAS_STATUS_SUCCESS, MUBLAS_STATUS_ALLOC_FAILED } mublasStatus_t;
+typedef enum { MUBLAS_OP_N, MUBLAS_OP_T } mublasOperation_t;
+typedef enum { MUBLAS_COMPUTE_32F } mublasComputeType_t;
+typedef enum { MUBLAS_GEMM_DEFAULT } mublasGemmAlgo_t;
+typedef enum { CLLM_NO_BLAS_R_32F, CLLM_NO_BLAS_R_16BF } cllm_no_blas_type;
+#undef cudaDataType
+#define cudaDataType cllm_no_blas_type
+#undef CUDA_R_16BF
+#define CUDA_R_16BF CLLM_NO_BLAS_R_16BF
+#undef CUDA_R_32F
+#define CUDA_R_32F CLLM_NO_BLAS_R_32F
+#endif
 
 /* QY1/QY2 GPUs (MTT S80, S4000) run 128 threads per hardware warp: warp.h builds ballots from
  * 32-lane shuffles. */
