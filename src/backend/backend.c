@@ -20,7 +20,7 @@ static enum cllm_status backend_new(struct cllm_backend **out, const struct cllm
         return cllm_backend_cpu_new(out, o, err, err_len);
     case CLLM_BACKEND_CUDA:
 #ifdef CLLM_USE_CUDA
-        return cllm_backend_cuda_new(out, o->device, err, err_len);
+        return cllm_backend_cuda_new(out, o->device, o->gemm_on_cores, err, err_len);
 #else
         return cllm_fail(err, err_len, CLLM_ERR_UNSUPPORTED,
                          "this cllm was built without CUDA (configure with -DCLLM_CUDA=ON)");
@@ -30,7 +30,8 @@ static enum cllm_status backend_new(struct cllm_backend **out, const struct cllm
         /* no device at all is the normal case on a CPU machine; a device that fails to
          * start is worth a warning */
         char why[256] = "";
-        enum cllm_status st = cllm_backend_cuda_new(out, o->device, why, sizeof why);
+        enum cllm_status st =
+            cllm_backend_cuda_new(out, o->device, o->gemm_on_cores, why, sizeof why);
         if (st == CLLM_OK)
             return CLLM_OK;
         cllm_log(st == CLLM_ERR_UNSUPPORTED ? CLLM_LOG_INFO : CLLM_LOG_WARN,

@@ -290,6 +290,10 @@ struct cllm_backend_options {
      * cannot be reclaimed: the engine's serving model takes it within a quarter of the RAM, a
      * short-lived one (the device check's) does not. */
     uint64_t cpu_copy_budget;
+    /* GPU: every GEMM on CUDA cores (the CUDA backend's gemm_simt.h) rather than on tensor cores
+     * or through the vendor BLAS: the engine's second try on a GPU that failed its device
+     * check (engine.h, gemm_on_cores) */
+    bool gemm_on_cores;
 };
 
 /* Creates a backend; CLLM_ERR_UNSUPPORTED for one not compiled in or without a device. */

@@ -78,6 +78,15 @@ static long nomem_tokens(void)
     return limit && *limit ? strtol(limit, NULL, 10) : -1;
 }
 
+/* CLLM_FAULT_WRONG_MATMUL=1: while the file exists, matmul does nothing and says it did (its
+ * output keeps what it held): a device that computes wrong whichever way its GEMMs run, for
+ * the device check to catch; nothing fails. */
+static bool wrong_matmul(void)
+{
+    const char *wrong = getenv("CLLM_FAULT_WRONG_MATMUL");
+    return wrong && !strcmp(wrong, "1");
+}
+
 static enum cllm_status fault_matmul(struct cllm_backend *be, const struct cllm_weight *w,
                                      const struct cllm_weight *bias, const void *x, int32_t n,
                                      float *y, int32_t ldy)
@@ -86,6 +95,8 @@ static enum cllm_status fault_matmul(struct cllm_backend *be, const struct cllm_
     const long limit = nomem_tokens();
     if (limit >= 0 && n > limit && access(f->trigger, F_OK) == 0)
         return CLLM_ERR_NOMEM;
+    if (wrong_matmul() && access(f->trigger, F_OK) == 0)
+        return CLLM_OK;
     return f->inner->iface->matmul(be, w, bias, x, n, y, ldy);
 }
 
@@ -93,7 +104,7 @@ static enum cllm_status fault_sync(struct cllm_backend *be)
 {
     struct fault *f = fault_of(be);
     crashes(f);
-    if (stalls(f) || nomem_tokens() >= 0)
+    if (stalls(f) || nomem_tokens() >= 0 || wrong_matmul())
         return f->inner->iface->sync(be);
     return fails_once(f) || lost(f) ? CLLM_ERR_DEVICE : f->inner->iface->sync(be);
 }

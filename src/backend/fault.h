@@ -11,7 +11,9 @@
  * a sync waits as long as the file exists: a device that hangs; with CLLM_FAULT_CRASH=1 the
  * sync removes the file and aborts the process: a driver that crashes it; with
  * CLLM_FAULT_NOMEM_TOKENS=N, while the file exists a matmul over more than N tokens fails with
- * CLLM_ERR_NOMEM: a device short of memory for large steps). The wrapper keeps the
+ * CLLM_ERR_NOMEM: a device short of memory for large steps; with CLLM_FAULT_WRONG_MATMUL=1,
+ * while the file exists a matmul does nothing and succeeds: a device that computes wrong,
+ * whichever way its GEMMs run). The wrapper keeps the
  * backend's name, or takes CLLM_FAULT_NAME's (a CPU backend passing for a GPU: the engine
  * checks it at start and, under --device auto, moves to the CPU when it is lost). On success
  * *be is the wrapper, which owns (and frees) the original; on failure *be is unchanged. */

@@ -355,7 +355,8 @@ enum cllm_status cllm_device_check(struct cllm_model *dev, const char *dev_name,
     const double t_start = cllm_now(); /* the CPU model's start-up included */
     struct cllm_backend *cpu = NULL;
     struct cllm_model *ref = NULL;
-    struct cllm_backend_options o = {CLLM_BACKEND_CPU, n_threads, 0, CLLM_CPU_WEIGHTS_STORED, 0};
+    struct cllm_backend_options o = {CLLM_BACKEND_CPU,        n_threads, 0,
+                                     CLLM_CPU_WEIGHTS_STORED, 0,         false};
     enum cllm_status st = cllm_backend_new(&cpu, &o, err, err_len);
     if (!st)
         st = cllm_model_init(&ref, mf, cpu, BOTH_STEP, 2, err, err_len);

@@ -36,8 +36,12 @@ struct cllm_engine_config {
                                  0 = when the backend queues steps (GPU), 1 = always (tests:
                                  the CPU draws as a device would), -1 = never */
     bool no_device_check;     /* skip comparing a GPU's logits with the CPU's at start
-                                 (device_check.h); a GPU that fails it is not used under
-                                 CLLM_BACKEND_AUTO and is an error when asked for by name */
+                                 (device_check.h); a GPU that fails it is tried once more with
+                                 every GEMM on CUDA cores (gemm_on_cores) and then not used
+                                 under CLLM_BACKEND_AUTO; asked for by name, it is an error */
+    bool gemm_on_cores;       /* GPU: every GEMM on CUDA cores (backend.h): set by the engine
+                                 when the device check passes only so, and by the server when
+                                 its GPU probe's child found that (probe.h) */
     double stall_timeout;     /* seconds one turn of the engine (a step, with run-ahead the
                                  wait for one) may take before the engine counts as stalled
                                  (cllm_engine_stalled); 0 = 30 on a GPU, never on the CPU
@@ -118,5 +122,8 @@ int32_t cllm_engine_max_seqs(const struct cllm_engine *e);
 /* The backend it runs on: a static string ("cpu", "cuda"); under --device auto it turns to
  * "cpu" if the GPU is lost (engine_device.c, move_to_cpu). */
 const char *cllm_engine_backend_name(struct cllm_engine *e);
+/* Whether its GPU runs every GEMM on CUDA cores (engine config gemm_on_cores: asked for, or the
+ * device check passed only so). Fixed once the engine is made. */
+bool cllm_engine_gemm_on_cores(const struct cllm_engine *e);
 
 #endif

@@ -156,6 +156,11 @@ int32_t cllm_engine_max_seqs(const struct cllm_engine *e)
     return e->cfg.max_seqs;
 }
 
+bool cllm_engine_gemm_on_cores(const struct cllm_engine *e)
+{
+    return e->cfg.gemm_on_cores; /* set before the engine's thread starts, never after */
+}
+
 const char *cllm_engine_backend_name(struct cllm_engine *e)
 {
     pthread_mutex_lock(&e->lock);

@@ -65,8 +65,8 @@ static enum cllm_status init_model_on(struct cllm_engine *e, enum cllm_backend_k
     const char *mapped = getenv("CLLM_CPU_MAPPED_WEIGHTS");
     const uint64_t ram = cllm_memory_limit();
     const uint64_t copy_budget = mapped && mapped[0] == '1' ? 0 : ram ? ram / 4 : UINT64_MAX;
-    struct cllm_backend_options bo = {kind, cfg->n_threads, cfg->device, cfg->cpu_weights,
-                                      copy_budget};
+    struct cllm_backend_options bo = {kind,        cfg->n_threads,    cfg->device, cfg->cpu_weights,
+                                      copy_budget, cfg->gemm_on_cores};
     enum cllm_status st = cllm_backend_new(&e->be, &bo, err, err_len);
     if (!st)
         st = cllm_model_init(&e->model, e->mf, e->be, cfg->max_batch_tokens, cfg->max_seqs, err,
@@ -131,12 +131,25 @@ enum cllm_status cllm_engine_device_kv_bytes(struct cllm_engine *e, int64_t *out
     return CLLM_OK;
 }
 
+/* Drops the model and its backend (before the engine's thread starts). */
+static void drop_model(struct cllm_engine *e)
+{
+    cllm_model_free(e->model);
+    cllm_backend_free(e->be);
+    e->model = NULL;
+    e->be = NULL;
+}
+
 /* The backend and the model on it. A GPU's logits are checked against the CPU's first
- * (device_check.h): under CLLM_BACKEND_AUTO a GPU that fails gives way to the CPU (an answer
- * late beats a wrong one); asked for by name, it is an error. */
+ * (device_check.h). Under CLLM_BACKEND_AUTO a GPU that fails is tried once more with every
+ * GEMM on CUDA cores: the GEMMs are where a wrong device most likely goes wrong (a vendor BLAS
+ * that passed the backend's small start-up probe, as MUSA's muBLAS would have to, never run by
+ * this project), and a GPU without its fast GEMM still beats the CPU by far; a GPU that fails
+ * that too gives way to the CPU (an answer late beats a wrong one). Asked for by name, a GPU
+ * that fails is an error. */
 enum cllm_status cllm_engine_load_model(struct cllm_engine *e, char *err, size_t err_len)
 {
-    const struct cllm_engine_config *cfg = &e->cfg;
+    struct cllm_engine_config *cfg = &e->cfg;
     enum cllm_status st = init_model_on(e, cfg->backend, err, err_len);
     if (st || cfg->no_device_check || !on_gpu(e))
         return st;
@@ -145,6 +158,26 @@ enum cllm_status cllm_engine_load_model(struct cllm_engine *e, char *err, size_t
     char why[512] = "";
     st = cllm_device_check(e->model, name, cfg->max_seqs, e->mf, cfg->n_threads, &r, why,
                            sizeof why);
+    if (st == CLLM_ERR_DEVICE && cfg->backend == CLLM_BACKEND_AUTO && !cfg->gemm_on_cores) {
+        cllm_log(CLLM_LOG_ERROR, "%s: trying the GPU again with every GEMM on CUDA cores", why);
+        drop_model(e);
+        cfg->gemm_on_cores = true;
+        st = init_model_on(e, cfg->backend, why, sizeof why);
+        if (st == CLLM_OK && !on_gpu(e))
+            st = cllm_fail(why, sizeof why, CLLM_ERR_DEVICE, "the GPU did not start again");
+        if (st == CLLM_OK) {
+            name = e->be->iface->name;
+            st = cllm_device_check(e->model, name, cfg->max_seqs, e->mf, cfg->n_threads, &r, why,
+                                   sizeof why);
+        }
+        if (st == CLLM_OK)
+            cllm_log(CLLM_LOG_WARN,
+                     "device check: %s passes with every GEMM on CUDA cores: "
+                     "serving from it so (prefill is slower)",
+                     name);
+        else if (st != CLLM_ERR_DEVICE) /* the GPU of the first try is not there now */
+            st = CLLM_ERR_DEVICE;
+    }
     if (st == CLLM_OK)
         return CLLM_OK;
     if (st != CLLM_ERR_DEVICE) {
@@ -156,10 +189,8 @@ enum cllm_status cllm_engine_load_model(struct cllm_engine *e, char *err, size_t
         return cllm_fail(err, err_len, st, "%s (--no-device-check serves from it anyway)", why);
     cllm_log(CLLM_LOG_ERROR, "%s: running on the CPU instead", why);
     snprintf(e->fallback, sizeof e->fallback, "%s", why); /* (before the thread starts) */
-    cllm_model_free(e->model);
-    cllm_backend_free(e->be);
-    e->model = NULL;
-    e->be = NULL;
+    drop_model(e);
+    cfg->gemm_on_cores = false;
     return init_model_on(e, CLLM_BACKEND_CPU, err, err_len);
 }
 

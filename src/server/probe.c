@@ -26,6 +26,13 @@ static enum cllm_probe_result result_of(int status, double seconds, char *why, s
         snprintf(why, why_len, "the GPU passed in a child process (%.1f s)", seconds);
         return CLLM_PROBE_GPU;
     }
+    if (WIFEXITED(status) && WEXITSTATUS(status) == CLLM_PROBE_EXIT_GPU_ON_CORES) {
+        snprintf(why, why_len,
+                 "the GPU passed in a child process (%.1f s) with every GEMM on CUDA cores (it "
+                 "failed its device check with its own: its log says how)",
+                 seconds);
+        return CLLM_PROBE_GPU_ON_CORES;
+    }
     if (WIFEXITED(status) && WEXITSTATUS(status) == CLLM_PROBE_EXIT_NO_GPU) {
         snprintf(why, why_len, "no GPU started in a child process");
         return CLLM_PROBE_NO_GPU;

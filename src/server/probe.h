@@ -16,15 +16,19 @@
 #include "engine/engine.h"
 
 /* The child's exit status: 0 when its engine ran on a GPU; these when it found no GPU, or
- * one that failed the device check (its engine moved to the CPU). */
+ * one that failed the device check (its engine moved to the CPU), or one that passed the check
+ * only with every GEMM on CUDA cores (engine.h, gemm_on_cores: the server's engine must then
+ * run so too). */
 #define CLLM_PROBE_EXIT_NO_GPU 3
 #define CLLM_PROBE_EXIT_CHECK_FAILED 4
+#define CLLM_PROBE_EXIT_GPU_ON_CORES 5
 
 enum cllm_probe_result {
-    CLLM_PROBE_GPU,    /* the child ran on a GPU that passed its check */
-    CLLM_PROBE_NO_GPU, /* no GPU started in the child */
-    CLLM_PROBE_FAILED, /* the GPU failed its check, or the child crashed, failed or ran past
-                          the timeout (killed): why says */
+    CLLM_PROBE_GPU,          /* the child ran on a GPU that passed its check */
+    CLLM_PROBE_GPU_ON_CORES, /* ... that passed it with every GEMM on CUDA cores */
+    CLLM_PROBE_NO_GPU,       /* no GPU started in the child */
+    CLLM_PROBE_FAILED,       /* the GPU failed its check, or the child crashed, failed or ran past
+                                the timeout (killed): why says */
 };
 
 /* Runs `exe probe-device --model model_path` with the engine settings of c that shape the

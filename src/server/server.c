@@ -194,10 +194,12 @@ static void choose_device(struct cllm_server *s)
     enum cllm_probe_result r =
         cllm_probe_device(s->cfg.probe_exe, s->cfg.model_path, c, s->cfg.probe_timeout_s,
                           &s->stopping, why, sizeof why);
-    if (r == CLLM_PROBE_GPU) {
-        /* the child ran the device check on the same files and device: not twice */
-        cllm_log(CLLM_LOG_INFO, "probe: %s", why);
+    if (r == CLLM_PROBE_GPU || r == CLLM_PROBE_GPU_ON_CORES) {
+        /* the child ran the device check on the same files and device: not twice; the GEMMs
+         * run the way that passed it */
+        cllm_log(r == CLLM_PROBE_GPU ? CLLM_LOG_INFO : CLLM_LOG_WARN, "probe: %s", why);
         c->no_device_check = true;
+        c->gemm_on_cores = r == CLLM_PROBE_GPU_ON_CORES;
         return;
     }
     if (r == CLLM_PROBE_NO_GPU) {

@@ -44,7 +44,8 @@ static double max_abs_diff(const float *a, const float *b, int64_t n)
 static struct cllm_backend *make(int threads)
 {
     struct cllm_backend *be;
-    struct cllm_backend_options o = {CLLM_BACKEND_CPU, threads, 0, CLLM_CPU_WEIGHTS_STORED, 0};
+    struct cllm_backend_options o = {CLLM_BACKEND_CPU,        threads, 0,
+                                     CLLM_CPU_WEIGHTS_STORED, 0,       false};
     return cllm_backend_new(&be, &o, NULL, 0) == CLLM_OK ? be : NULL;
 }
 
@@ -259,7 +260,8 @@ static void test_alloc_zeroed(struct cllm_backend *be)
 static void test_copied_weights(int threads, uint64_t budget)
 {
     struct cllm_backend *mapped = make(threads), *copying = NULL;
-    struct cllm_backend_options o = {CLLM_BACKEND_CPU, threads, 0, CLLM_CPU_WEIGHTS_STORED, budget};
+    struct cllm_backend_options o = {CLLM_BACKEND_CPU,        threads, 0,
+                                     CLLM_CPU_WEIGHTS_STORED, budget,  false};
     CHECK(mapped && cllm_backend_new(&copying, &o, NULL, 0) == CLLM_OK);
     static const int64_t shapes[][2] = {{40, 7}, {1024, 769}}; /* F32 {K, N} */
     for (size_t s = 0; copying && mapped && s < sizeof shapes / sizeof shapes[0]; s++) {
@@ -408,7 +410,8 @@ int main(void)
         test_alloc_zeroed(be);
         cllm_backend_free(be);
     }
-    struct cllm_backend_options o = {CLLM_BACKEND_CPU, 100000, 0, CLLM_CPU_WEIGHTS_STORED, 0};
+    struct cllm_backend_options o = {CLLM_BACKEND_CPU,        100000, 0,
+                                     CLLM_CPU_WEIGHTS_STORED, 0,      false};
     CHECK(cllm_backend_new(&be, &o, NULL, 0) == CLLM_ERR_INVALID_ARG);
     /* Without CUDA compiled in, or without a device, asking for CUDA is a clear error. */
     o.kind = CLLM_BACKEND_CUDA;

@@ -56,7 +56,7 @@ static void make_prompts(void)
 
 static float *prompt_logits(enum cllm_backend_kind kind, const int32_t *ids, int32_t n)
 {
-    struct cllm_backend_options o = {kind, 1, 0, CLLM_CPU_WEIGHTS_STORED, 0};
+    struct cllm_backend_options o = {kind, 1, 0, CLLM_CPU_WEIGHTS_STORED, 0, false};
     struct cllm_backend *be = NULL;
     struct cllm_model *m = NULL;
     struct cllm_kv_cache kv = {0};
@@ -425,8 +425,11 @@ static struct cllm_engine *checked_engine(enum cllm_backend_kind kind, bool no_c
 }
 
 /* A device that starts and then computes wrong logits -- here a BLAS that passes the backend's
- * start-up probe (16 deep) and drops the rest of every longer sum -- is not served from under
- * --device auto, is an error when asked for by name, and runs only when the check is off. */
+ * start-up probe (16 deep) and drops the rest of every longer sum -- is served from under
+ * --device auto only as its second try made it right, with every GEMM on CUDA cores; asked
+ * for by name it is an error, and it runs as it is only when the check is off. A device wrong
+ * whichever way its GEMMs run (CLLM_FAULT_WRONG_MATMUL: matmuls that do nothing, fault.h) is
+ * not served from under --device auto. */
 static void test_device_check(void)
 {
     char err[1024];
@@ -434,8 +437,9 @@ static void test_device_check(void)
     char why[256] = "";
     if (e)
         CHECKF(!strcmp(cllm_engine_backend_name(e), "cuda") &&
-                   !cllm_engine_fallback(e, why, sizeof why),
-               "a right device: served from %s (fallback '%s')", cllm_engine_backend_name(e), why);
+                   !cllm_engine_fallback(e, why, sizeof why) && !cllm_engine_gemm_on_cores(e),
+               "a right device: served from %s (fallback '%s', GEMM on CUDA cores %d)",
+               cllm_engine_backend_name(e), why, (int)cllm_engine_gemm_on_cores(e));
     cllm_engine_free(e);
 
     /* (a run with no BLAS, EMU_NO_BLAS=1, gets one here: the wrong one) */
@@ -446,10 +450,10 @@ static void test_device_check(void)
     setenv("EMU_BLAS_SHORT_K", "1", 1);
     e = checked_engine(CLLM_BACKEND_AUTO, false, CLLM_OK, err, sizeof err);
     if (e)
-        CHECKF(!strcmp(cllm_engine_backend_name(e), "cpu") &&
-                   cllm_engine_fallback(e, why, sizeof why) && strstr(why, "device check"),
-               "a wrong device: served from %s, saying why: '%s'", cllm_engine_backend_name(e),
-               why);
+        CHECKF(!strcmp(cllm_engine_backend_name(e), "cuda") &&
+                   !cllm_engine_fallback(e, why, sizeof why) && cllm_engine_gemm_on_cores(e),
+               "a device wrong with its BLAS: served from %s, GEMM on CUDA cores %d ('%s')",
+               cllm_engine_backend_name(e), (int)cllm_engine_gemm_on_cores(e), why);
     cllm_engine_free(e);
     e = checked_engine(CLLM_BACKEND_CUDA, false, CLLM_ERR_DEVICE, err, sizeof err);
     CHECKF(strstr(err, "device check") && strstr(err, "--no-device-check"),
@@ -458,10 +462,28 @@ static void test_device_check(void)
     cllm_engine_free(e);
     e = checked_engine(CLLM_BACKEND_CUDA, true, CLLM_OK, err, sizeof err);
     if (e)
-        CHECKF(!strcmp(cllm_engine_backend_name(e), "cuda"), "no check: served from %s",
-               cllm_engine_backend_name(e));
+        CHECKF(!strcmp(cllm_engine_backend_name(e), "cuda") && !cllm_engine_gemm_on_cores(e),
+               "no check: served from %s", cllm_engine_backend_name(e));
     cllm_engine_free(e);
     unsetenv("EMU_BLAS_SHORT_K");
+
+    char trigger[] = "/tmp/cllm-wrong-device-XXXXXX";
+    const int fd = mkstemp(trigger); /* exists: the fault is on */
+    CHECK(fd >= 0);
+    close(fd);
+    setenv("CLLM_FAULT_FILE", trigger, 1);
+    setenv("CLLM_FAULT_WRONG_MATMUL", "1", 1);
+    e = checked_engine(CLLM_BACKEND_AUTO, false, CLLM_OK, err, sizeof err);
+    if (e)
+        CHECKF(!strcmp(cllm_engine_backend_name(e), "cpu") &&
+                   cllm_engine_fallback(e, why, sizeof why) && strstr(why, "device check") &&
+                   !cllm_engine_gemm_on_cores(e),
+               "a device wrong either way: served from %s, saying why: '%s'",
+               cllm_engine_backend_name(e), why);
+    cllm_engine_free(e);
+    unsetenv("CLLM_FAULT_WRONG_MATMUL");
+    unsetenv("CLLM_FAULT_FILE");
+    unlink(trigger);
     unsetenv("CLLM_CUBLAS");
     if (had_no_blas)
         setenv("EMU_NO_BLAS", "1", 1);

@@ -53,7 +53,8 @@ static bool load(struct loaded *l, const char *path, int32_t threads, int32_t ma
                  int32_t max_outputs)
 {
     char err[512] = "";
-    struct cllm_backend_options o = {CLLM_BACKEND_CPU, threads, 0, CLLM_CPU_WEIGHTS_STORED, 0};
+    struct cllm_backend_options o = {CLLM_BACKEND_CPU,        threads, 0,
+                                     CLLM_CPU_WEIGHTS_STORED, 0,       false};
     memset(l, 0, sizeof *l);
     bool ok = !cllm_model_files_open(&l->mf, path, err, sizeof err) &&
               !cllm_backend_new(&l->be, &o, err, sizeof err) &&
@@ -313,8 +314,8 @@ static void test_attention(void)
                                      {.n_head = 14, .n_head_kv = 2, .head_dim = 64}};
     struct cllm_backend *one = NULL, *two = NULL;
     char err[512] = "";
-    struct cllm_backend_options o1 = {CLLM_BACKEND_CPU, 1, 0, CLLM_CPU_WEIGHTS_STORED, 0};
-    struct cllm_backend_options o2 = {CLLM_BACKEND_CPU, 2, 0, CLLM_CPU_WEIGHTS_STORED, 0};
+    struct cllm_backend_options o1 = {CLLM_BACKEND_CPU, 1, 0, CLLM_CPU_WEIGHTS_STORED, 0, false};
+    struct cllm_backend_options o2 = {CLLM_BACKEND_CPU, 2, 0, CLLM_CPU_WEIGHTS_STORED, 0, false};
     const bool made = !cllm_backend_new(&one, &o1, err, sizeof err) &&
                       !cllm_backend_new(&two, &o2, err, sizeof err);
     CHECKF(made, "%s", err);

@@ -27,7 +27,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
-    const struct cllm_backend_options o = {CLLM_BACKEND_CPU, 1, 0, CLLM_CPU_WEIGHTS_STORED, 0};
+    const struct cllm_backend_options o = {CLLM_BACKEND_CPU,        1, 0,
+                                           CLLM_CPU_WEIGHTS_STORED, 0, false};
     char err[256];
     FUZZ_ASSERT(cllm_backend_new(&cpu, &o, err, sizeof err) == CLLM_OK, "CPU backend: %s", err);
     return 0;

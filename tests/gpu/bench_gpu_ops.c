@@ -508,8 +508,8 @@ int main(int argc, char **argv)
 {
     smoke = argc > 1 && strcmp(argv[1], "--cpu") == 0;
     const bool gemms_only = argc > 1 && strcmp(argv[1], "--gemms") == 0;
-    struct cllm_backend_options opt = {smoke ? CLLM_BACKEND_CPU : CLLM_BACKEND_CUDA, 0, 0,
-                                       CLLM_CPU_WEIGHTS_STORED, 0};
+    struct cllm_backend_options opt = {
+        smoke ? CLLM_BACKEND_CPU : CLLM_BACKEND_CUDA, 0, 0, CLLM_CPU_WEIGHTS_STORED, 0, false};
     char err[256] = "";
     if (cllm_backend_new(&gpu, &opt, err, sizeof err) != CLLM_OK) {
         printf("skipped: %s\n", err);

@@ -226,7 +226,7 @@ int main(void)
     const char *model = getenv("CLLM_GPU_MODEL"), *ref_path = getenv("CLLM_GPU_REF");
     const char *out_path = getenv("CLLM_GPU_OUT");
     struct cllm_backend *be;
-    struct cllm_backend_options o = {CLLM_BACKEND_CUDA, 0, 0, CLLM_CPU_WEIGHTS_STORED, 0};
+    struct cllm_backend_options o = {CLLM_BACKEND_CUDA, 0, 0, CLLM_CPU_WEIGHTS_STORED, 0, false};
     char err[1024] = "";
     if (cllm_backend_new(&be, &o, err, sizeof err) != CLLM_OK) {
         printf("skipped: %s\n", err);

@@ -1218,8 +1218,8 @@ static void test_blas_fallbacks(const struct cllm_backend_options *og)
 
 int main(void)
 {
-    struct cllm_backend_options oc = {CLLM_BACKEND_CPU, 0, 0, CLLM_CPU_WEIGHTS_STORED, 0},
-                                og = {CLLM_BACKEND_CUDA, 0, 0, CLLM_CPU_WEIGHTS_STORED, 0};
+    struct cllm_backend_options oc = {CLLM_BACKEND_CPU, 0, 0, CLLM_CPU_WEIGHTS_STORED, 0, false},
+                                og = {CLLM_BACKEND_CUDA, 0, 0, CLLM_CPU_WEIGHTS_STORED, 0, false};
     char err[256] = "";
     if (cllm_backend_new(&gpu, &og, err, sizeof err) != CLLM_OK) {
         printf("skipped: %s\n", err);

@@ -357,13 +357,13 @@ int main(void)
     CHECK(cJSON_GetArraySize(cases) == 5);
 
     struct cllm_backend *be;
-    struct cllm_backend_options o = {CLLM_BACKEND_CPU, 2, 0, CLLM_CPU_WEIGHTS_STORED, 0};
+    struct cllm_backend_options o = {CLLM_BACKEND_CPU, 2, 0, CLLM_CPU_WEIGHTS_STORED, 0, false};
     if (cllm_backend_new(&be, &o, err, sizeof err)) {
         fprintf(stderr, "%s\n", err);
         return 1;
     }
     struct cllm_backend *be_q6;
-    struct cllm_backend_options o_q6 = {CLLM_BACKEND_CPU, 2, 0, CLLM_CPU_WEIGHTS_Q6_K, 0};
+    struct cllm_backend_options o_q6 = {CLLM_BACKEND_CPU, 2, 0, CLLM_CPU_WEIGHTS_Q6_K, 0, false};
     if (cllm_backend_new(&be_q6, &o_q6, err, sizeof err)) {
         fprintf(stderr, "%s\n", err);
         return 1;

@@ -245,7 +245,7 @@ static void w_free(struct cllm_backend *be)
 static struct cllm_backend *recording_backend(void)
 {
     struct rec *r = calloc(1, sizeof *r);
-    struct cllm_backend_options o = {CLLM_BACKEND_CPU, 2, 0, CLLM_CPU_WEIGHTS_STORED, 0};
+    struct cllm_backend_options o = {CLLM_BACKEND_CPU, 2, 0, CLLM_CPU_WEIGHTS_STORED, 0, false};
     if (!r || cllm_backend_new(&r->cpu, &o, NULL, 0)) {
         free(r);
         return NULL;
@@ -349,7 +349,7 @@ int main(void)
     float *plain_last = malloc((size_t)V * 4), *rec_last = malloc((size_t)V * 4);
     int32_t plain[N_SEQS][N_GEN], recorded[N_SEQS][N_GEN];
     struct cllm_backend *cpu, *rec = recording_backend();
-    struct cllm_backend_options o = {CLLM_BACKEND_CPU, 2, 0, CLLM_CPU_WEIGHTS_STORED, 0};
+    struct cllm_backend_options o = {CLLM_BACKEND_CPU, 2, 0, CLLM_CPU_WEIGHTS_STORED, 0, false};
     CHECK(rec != NULL && cllm_backend_new(&cpu, &o, NULL, 0) == CLLM_OK);
     if (rec && decode(cpu, mf, plain, plain_last) && decode(rec, mf, recorded, rec_last)) {
         struct rec *r = rec_of(rec);

@@ -1546,13 +1546,17 @@ def test_gpu_probe():
     is the CPU backend passing for one (CLLM_FAULT_NAME), and the child crashes or hangs once
     its engine runs (CLLM_FAULT_PROBE), as a broken GPU stack would, or fails a step of its
     full batch (4 sequences here): the server still starts, on the CPU, once the child is dead,
-    failed or past --gpu-probe-timeout; a child that passes leaves the server on the 'GPU'."""
+    failed or past --gpu-probe-timeout; a child that passes leaves the server on the 'GPU', also
+    one whose GPU passed its device check only with every GEMM on CUDA cores (on-cores: the
+    server's engine runs so too)."""
     d = tempfile.mkdtemp(prefix="cllm-probe-")
     # the fault file: never made but by the "wide" child, which makes it fail one sync
     never = os.path.join(d, "never")
     # (the log's line, and /health's "fallback": why the server is not on the GPU)
     for fault, backend, says, fallback, timeout in (
             ("", "fake-gpu", "passed in a child process", None, 60),
+            ("on-cores", "fake-gpu", "with every GEMM on CUDA cores (it failed its device check",
+             None, 60),
             ("crash", "cpu", "died of signal", "died of signal", 60),
             ("hang", "cpu", "did not finish in 4 s", "did not finish in 4 s", 4),
             ("wide", "cpu", "a step of 4 sequences failed on the GPU", "failed (exit 1", 60)):
@@ -1571,7 +1575,7 @@ def test_gpu_probe():
             check(st == 200 and isinstance(j.get("response"), str),
                   f"probe {fault or 'passing'}: answers: {st} {j}")
             check(says in srv.text(), f"probe {fault or 'passing'}: the log says '{says}'")
-            if not fault:
+            if fault in ("", "on-cores"):
                 check("4 sequences at once" in srv.text() and
                       "0 of the 2 greedy ones differ" in srv.text(),
                       "probe passing: its full batch gave the answer alone")

@@ -3,13 +3,16 @@
  * probe (src/server/probe.h), not meant to be run by hand. It starts an engine under
  * --device auto as the server would (the GPU, its device check, else the CPU), generates a
  * few tokens through it alone and then in a full batch (generate_wide), and exits 0 if that
- * ran on a GPU, CLLM_PROBE_EXIT_NO_GPU if no GPU
- * starts, CLLM_PROBE_EXIT_CHECK_FAILED if one failed its device check, 1 on an error. A
+ * ran on a GPU (CLLM_PROBE_EXIT_GPU_ON_CORES if that GPU passed its device check only with
+ * every GEMM on CUDA cores), CLLM_PROBE_EXIT_NO_GPU if no GPU starts,
+ * CLLM_PROBE_EXIT_CHECK_FAILED if one failed its device check, 1 on an error. A
  * crash or a hang here costs only this process.
  *
  * CLLM_FAULT_PROBE=crash|hang (tests only) makes it die or hang once its engine started, as a
  * broken GPU stack would; CLLM_FAULT_PROBE=wide makes one sync of the full batch fail (it
- * creates CLLM_FAULT_FILE's file with CLLM_FAULT_ONCE=1), as a GPU that fails at that width.
+ * creates CLLM_FAULT_FILE's file with CLLM_FAULT_ONCE=1), as a GPU that fails at that width;
+ * CLLM_FAULT_PROBE=on-cores reports its GPU as one that passed its device check only with
+ * every GEMM on CUDA cores.
  */
 #include <getopt.h>
 #include <signal.h>
@@ -175,7 +178,7 @@ int cllm_cmd_probe_device(int argc, char **argv)
      * GPU, or hang on: it dies with the thread that started it, which waits for it. */
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     /* No GPU starts (the usual case on a CPU machine): nothing more to try. */
-    struct cllm_backend_options bo = {CLLM_BACKEND_AUTO, 1, 0, CLLM_CPU_WEIGHTS_STORED, 0};
+    struct cllm_backend_options bo = {CLLM_BACKEND_AUTO, 1, 0, CLLM_CPU_WEIGHTS_STORED, 0, false};
     struct cllm_backend *be = NULL;
     char err[1024] = "";
     if (cllm_backend_new(&be, &bo, err, sizeof err) != CLLM_OK) {
@@ -200,19 +203,25 @@ int cllm_cmd_probe_device(int argc, char **argv)
         cllm_log(CLLM_LOG_ERROR, "probe-device: %s", err);
     } else {
         const char *name = cllm_engine_backend_name(e);
-        rc = strcmp(name, "cpu") != 0 ? 0 : CLLM_PROBE_EXIT_CHECK_FAILED;
-        cllm_log(CLLM_LOG_INFO, "probe-device: the engine ran on %s", name);
+        const char *fault = getenv("CLLM_FAULT_PROBE"); /* (on-cores: as if it took them) */
+        const bool on_cores = cllm_engine_gemm_on_cores(e) || (fault && !strcmp(fault, "on-cores"));
+        rc = !strcmp(name, "cpu") ? CLLM_PROBE_EXIT_CHECK_FAILED
+             : on_cores           ? CLLM_PROBE_EXIT_GPU_ON_CORES
+                                  : 0;
+        cllm_log(CLLM_LOG_INFO, "probe-device: the engine ran on %s%s", name,
+                 on_cores ? " with every GEMM on CUDA cores" : "");
     }
+    const bool on_gpu = rc == 0 || rc == CLLM_PROBE_EXIT_GPU_ON_CORES;
     const char *fault = getenv("CLLM_FAULT_PROBE");
     const char *trigger = getenv("CLLM_FAULT_FILE");
-    if (rc == 0 && fault && !strcmp(fault, "wide") && trigger) {
+    if (on_gpu && fault && !strcmp(fault, "wide") && trigger) {
         /* the device fails one sync of the full batch (fault.h), then works on */
         setenv("CLLM_FAULT_ONCE", "1", 1);
         FILE *f = fopen(trigger, "w");
         if (f)
             fclose(f);
     }
-    if (rc == 0) {
+    if (on_gpu) {
         st = generate_wide(e, mf, cllm_engine_max_seqs(e), &alone, err, sizeof err);
         if (st) {
             cllm_log(CLLM_LOG_ERROR, "probe-device: %s", err);

@@ -372,10 +372,11 @@ static unsigned choose_gemm_variants(void)
  * start-up line; c->blas is the loaded BLAS or NULL (blas_err: why). A build without MMA takes
  * the BLAS where it passes the probe (probe_blas; CLLM_CUBLAS=1 asks the same of any build),
  * else our GEMM on CUDA cores: a BLAS missing or wrong costs the GPU's speed for prefill, not
- * the GPU. CLLM_GEMM_SIMT=1 takes that GEMM on any build. Fails only where a probe could not
+ * the GPU. on_cores (the engine's second try after a failed device check) or CLLM_GEMM_SIMT=1
+ * take that GEMM on any build. Fails only where a probe could not
  * run at all (the device's error). */
-static enum cllm_status choose_gemm(struct cuda *c, const char *blas_err, const char **what,
-                                    char *err, size_t err_len)
+static enum cllm_status choose_gemm(struct cuda *c, bool on_cores, const char *blas_err,
+                                    const char **what, char *err, size_t err_len)
 {
 #ifdef CLLM_HAVE_MMA
     c->gemm = CUDA_GEMM_MMA;
@@ -397,7 +398,7 @@ static enum cllm_status choose_gemm(struct cuda *c, const char *blas_err, const 
         c->gemm = CUDA_GEMM_SIMT;
     }
 #endif
-    if (env_is_one("CLLM_GEMM_SIMT"))
+    if (on_cores || env_is_one("CLLM_GEMM_SIMT"))
         c->gemm = CUDA_GEMM_SIMT;
     if (c->gemm == CUDA_GEMM_BLAS) {
         bool right = false;
@@ -427,7 +428,7 @@ static enum cllm_status choose_gemm(struct cuda *c, const char *blas_err, const 
 }
 
 extern "C" enum cllm_status cllm_backend_cuda_new(struct cllm_backend **out, int32_t device,
-                                                  char *err, size_t err_len)
+                                                  bool gemm_on_cores, char *err, size_t err_len)
 {
     *out = NULL;
     int count = 0;
@@ -487,7 +488,7 @@ extern "C" enum cllm_status cllm_backend_cuda_new(struct cllm_backend **out, int
         }
     }
     const char *gemm = NULL;
-    enum cllm_status st = choose_gemm(c, blas_err, &gemm, err, err_len);
+    enum cllm_status st = choose_gemm(c, gemm_on_cores, blas_err, &gemm, err, err_len);
     if (st != CLLM_OK) {
         cu_free(&c->be);
         return st;

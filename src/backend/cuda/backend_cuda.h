@@ -8,9 +8,10 @@
 extern "C" {
 #endif
 
-/* Opens GPU `device`. CLLM_ERR_DEVICE (err says why) when there is no usable GPU. */
-enum cllm_status cllm_backend_cuda_new(struct cllm_backend **out, int32_t device, char *err,
-                                       size_t err_len);
+/* Opens GPU `device` (with every GEMM on CUDA cores: gemm_on_cores). CLLM_ERR_DEVICE (err
+ * says why) when there is no usable GPU. */
+enum cllm_status cllm_backend_cuda_new(struct cllm_backend **out, int32_t device,
+                                       bool gemm_on_cores, char *err, size_t err_len);
 
 #ifdef __cplusplus
 }

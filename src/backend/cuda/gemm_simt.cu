@@ -64,9 +64,11 @@ template <int M> static __device__ __forceinline__ int butterfly(float (&sums)[M
     return first;
 }
 
-/* Block (x, y): rows [SIMT_WARPS * R * x, +SIMT_WARPS * R), warp w the w-th R of them; tokens
- * [T * y, +T). Rows past N and tokens past n read the last row or token (so every load is in
- * bounds and the loop has no branch) and are not written. */
+/* Block (x, y): tokens [T * x, +T); rows [SIMT_WARPS * R * y, +SIMT_WARPS * R), warp w the w-th
+ * R of them. Tokens in x: the blocks of one row group run next to each other, so its W rows
+ * come from memory once and from L2 for the other token groups (rows in x, a 192-token step
+ * would stream all of W from memory 24 times). Rows past N and tokens past n read the last
+ * row or token (so every load is in bounds and the loop has no branch) and are not written. */
 template <int R, int T>
 static __global__ void __launch_bounds__(SIMT_WARPS * 32)
     gemm_simt(const __nv_bfloat16 *__restrict__ w, const float *__restrict__ bias, int32_t N,
@@ -75,8 +77,8 @@ static __global__ void __launch_bounds__(SIMT_WARPS * 32)
 {
     cllm_pdl_wait();
     const int lane = (int)threadIdx.x % CLLM_WARP;
-    const int64_t row0 = ((int64_t)blockIdx.x * SIMT_WARPS + (int)threadIdx.x / CLLM_WARP) * R;
-    const int64_t tok0 = (int64_t)blockIdx.y * T;
+    const int64_t row0 = ((int64_t)blockIdx.y * SIMT_WARPS + (int)threadIdx.x / CLLM_WARP) * R;
+    const int64_t tok0 = (int64_t)blockIdx.x * T;
     if (row0 >= N) /* the whole warp: nothing below waits for the others */
         return;
     const uint4 *wr[R], *xr[T];
@@ -125,10 +127,11 @@ static cudaError_t launch(const __nv_bfloat16 *w, const float *bias, int32_t N, 
                           cudaStream_t stream)
 {
     const int64_t rows_a_block = (int64_t)SIMT_WARPS * SIMT_ROWS;
-    const int64_t blocks_x = (N + rows_a_block - 1) / rows_a_block, blocks_y = (n + T - 1) / T;
-    if (blocks_x > 0x7fffffff || blocks_y > 65535)
+    const int64_t row_groups = (N + rows_a_block - 1) / rows_a_block,
+                  token_groups = (n + T - 1) / T;
+    if (row_groups > 65535 || token_groups > 0x7fffffff)
         return cudaErrorInvalidValue;
-    return cllm_launch(gemm_simt<SIMT_ROWS, T>, dim3((unsigned)blocks_x, (unsigned)blocks_y),
+    return cllm_launch(gemm_simt<SIMT_ROWS, T>, dim3((unsigned)token_groups, (unsigned)row_groups),
                        dim3(SIMT_WARPS * 32), 0, stream, w, bias, N, K, x, n, y, ldy);
 }
 
