@@ -110,11 +110,12 @@ bool cllm_engine_stalled(struct cllm_engine *e, char *why, size_t why_len);
 /* True when the engine runs on the CPU though it was to use a GPU (--device auto): the GPU
  * failed its device check at start, or a step on it failed; why gets which. */
 bool cllm_engine_fallback(struct cllm_engine *e, char *why, size_t why_len);
-/* True while the engine runs below its configured speed for want of device memory: steps
+/* True while the engine runs below its configured speed: for want of device memory, steps
  * smaller than configured (a step found no room; they grow back, engine config
  * grow_back_steps), or steps run without their recorded graphs (a recording found no room);
- * why gets which, with the numbers. Answers are the same; the server stays healthy and says
- * so (/health "degraded"). */
+ * or on a GPU that passed its device check only with every GEMM on CUDA cores (config
+ * gemm_on_cores); why gets which, with the numbers. Answers are the same; the server stays
+ * healthy and says so (/health "degraded"). */
 bool cllm_engine_degraded(struct cllm_engine *e, char *why, size_t why_len);
 int32_t cllm_engine_n_ctx(const struct cllm_engine *e);
 /* The most sequences one step takes (the config's max_seqs after its defaults and limits). */

@@ -102,18 +102,25 @@ bool cllm_engine_degraded(struct cllm_engine *e, char *why, size_t why_len)
     pthread_mutex_lock(&e->lock);
     const int32_t tokens = e->stats.step_tokens, seqs = e->stats.step_seqs;
     const int64_t unrecorded = e->stats.unrecorded_steps;
+    /* (the GPU's GEMMs on CUDA cores: only while the engine is on that GPU) */
+    const bool on_cores = e->cfg.gemm_on_cores && strcmp(e->backend_name, "cpu") != 0;
     pthread_mutex_unlock(&e->lock);
     const bool smaller = tokens < e->cfg.max_batch_tokens || seqs < e->cfg.max_seqs;
-    if (!smaller && unrecorded <= 0)
+    if (!smaller && unrecorded <= 0 && !on_cores)
         return false;
     if (why_len) {
         int n = 0;
-        if (smaller)
+        why[0] = 0;
+        if (on_cores)
             n = snprintf(why, why_len,
-                         "the device ran short of memory: a step's limits are %d tokens, %d "
-                         "sequences (configured: %d, %d) until they grow back",
-                         (int)tokens, (int)seqs, (int)e->cfg.max_batch_tokens,
-                         (int)e->cfg.max_seqs);
+                         "the GPU passed its device check only with every GEMM on CUDA cores, "
+                         "which run them so (prefill is slower)");
+        if (smaller && n >= 0 && (size_t)n < why_len)
+            n += snprintf(why + n, why_len - (size_t)n,
+                          "%sthe device ran short of memory: a step's limits are %d tokens, %d "
+                          "sequences (configured: %d, %d) until they grow back",
+                          n ? "; " : "", (int)tokens, (int)seqs, (int)e->cfg.max_batch_tokens,
+                          (int)e->cfg.max_seqs);
         if (unrecorded > 0 && n >= 0 && (size_t)n < why_len)
             snprintf(why + n, why_len - (size_t)n,
                      "%sno room on the device to record a step's graph: the next %lld steps run "

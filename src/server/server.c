@@ -100,7 +100,7 @@ enum MHD_Result cllm_route_health(struct cllm_server *s, struct cllm_http_req *h
         return cllm_http_reply_json(hr, 503, o);
     }
     /* A lost device stays lost; a stalled one may answer again (then this says ok again). */
-    char why[256];
+    char why[512];
     struct cllm_engine *e = cllm_server_engine_live(s);
     if (cllm_engine_lost(e, why, sizeof why) || cllm_engine_stalled(e, why, sizeof why)) {
         cJSON_AddStringToObject(o, "status", "error");
@@ -116,7 +116,8 @@ enum MHD_Result cllm_route_health(struct cllm_server *s, struct cllm_http_req *h
     pthread_mutex_unlock(&s->failover_lock);
     if (why[0] || cllm_engine_fallback(e, why, sizeof why))
         cJSON_AddStringToObject(o, "fallback", why);
-    /* slower than configured for want of device memory: answers as usual, so still ok */
+    /* slower than configured (device memory short, GEMMs on CUDA cores): answers as usual, so
+     * still ok */
     if (cllm_engine_degraded(e, why, sizeof why))
         cJSON_AddStringToObject(o, "degraded", why);
     if (s->cfg.restarts > 0)

@@ -454,6 +454,9 @@ static void test_device_check(void)
                    !cllm_engine_fallback(e, why, sizeof why) && cllm_engine_gemm_on_cores(e),
                "a device wrong with its BLAS: served from %s, GEMM on CUDA cores %d ('%s')",
                cllm_engine_backend_name(e), (int)cllm_engine_gemm_on_cores(e), why);
+    if (e) /* said as a degradation (/health) */
+        CHECKF(cllm_engine_degraded(e, why, sizeof why) && strstr(why, "CUDA cores"),
+               "GEMMs on CUDA cores not said: '%s'", why);
     cllm_engine_free(e);
     e = checked_engine(CLLM_BACKEND_CUDA, false, CLLM_ERR_DEVICE, err, sizeof err);
     CHECKF(strstr(err, "device check") && strstr(err, "--no-device-check"),

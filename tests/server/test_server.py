@@ -1575,6 +1575,9 @@ def test_gpu_probe():
             check(st == 200 and isinstance(j.get("response"), str),
                   f"probe {fault or 'passing'}: answers: {st} {j}")
             check(says in srv.text(), f"probe {fault or 'passing'}: the log says '{says}'")
+            if fault == "on-cores":
+                check("CUDA cores" in h.get("degraded", ""),
+                      f"probe on-cores: /health says the GEMMs run on CUDA cores: {body[:300]}")
             if fault in ("", "on-cores"):
                 check("4 sequences at once" in srv.text() and
                       "0 of the 2 greedy ones differ" in srv.text(),
