@@ -373,8 +373,8 @@ static unsigned choose_gemm_variants(void)
  * the BLAS where it passes the probe (probe_blas; CLLM_CUBLAS=1 asks the same of any build),
  * else our GEMM on CUDA cores: a BLAS missing or wrong costs the GPU's speed for prefill, not
  * the GPU. on_cores (the engine's second try after a failed device check) or CLLM_GEMM_SIMT=1
- * take that GEMM on any build. Fails only where a probe could not
- * run at all (the device's error). */
+ * take that GEMM on any build. Fails only where a probe could not run at all (the device's
+ * error), or where CLLM_CUBLAS=1 asked for a cuBLAS that fails it. */
 static enum cllm_status choose_gemm(struct cuda *c, bool on_cores, const char *blas_err,
                                     const char **what, char *err, size_t err_len)
 {

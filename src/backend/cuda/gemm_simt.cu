@@ -36,32 +36,33 @@ static __device__ __forceinline__ float dot8(uint4 a, uint4 b, float acc)
     return acc;
 }
 
-/* The butterfly of gemm_simt.h over a warp's M sums at once (M a power of two), halving: at each
- * step a lane sends the half of its sums that the lane `off` apart keeps and adds that lane's
+/* The butterfly of gemm_simt.h over a warp's M sums at once (M a power of two), halving: at
+ * step S a lane sends the half of its sums that the lane `off` apart keeps and adds that lane's
  * half of its own, so 64 sums take 32 + 16 + 8 + 4 + 2 shuffles rather than 5 x 64, and each
  * output still gets the butterfly's additions (which lane adds a pair does not change a + b).
- * After: sums[0 .. max(M / 32, 1)) hold outputs returned + 0, + 1, ... */
-template <int M> static __device__ __forceinline__ int butterfly(float (&sums)[M], int lane)
+ * A template per step, so that every index is a constant and the sums stay in registers (as
+ * loops, nvcc put them in local memory). After the last step, sums[0 .. max(M / 32, 1)) hold
+ * outputs first + 0, + 1, ... */
+template <int M, int S>
+static __device__ __forceinline__ void butterfly(float (&sums)[M], int lane, int &first)
 {
     static_assert(M > 0 && (M & (M - 1)) == 0, "a power of two");
-    int first = 0;
-#pragma unroll
-    for (int s = 0; s < 5; s++) {
-        const int off = CLLM_WARP / 2 >> s, half = (M >> s) / 2;
-        const bool upper = (lane & off) != 0;
-        if (half == 0) { /* one sum left: the plain butterfly */
+    if constexpr (S < 5) {
+        constexpr int off = CLLM_WARP / 2 >> S, half = (M >> S) / 2;
+        if constexpr (half == 0) { /* one sum left: the plain butterfly */
             sums[0] = sums[0] + cllm_shfl_xor(sums[0], off);
-            continue;
-        }
+        } else {
+            const bool upper = (lane & off) != 0;
 #pragma unroll
-        for (int i = 0; i < half; i++) {
-            const float send = upper ? sums[i] : sums[i + half];
-            const float keep = upper ? sums[i + half] : sums[i];
-            sums[i] = keep + cllm_shfl_xor(send, off);
+            for (int i = 0; i < half; i++) {
+                const float send = upper ? sums[i] : sums[i + half];
+                const float keep = upper ? sums[i + half] : sums[i];
+                sums[i] = keep + cllm_shfl_xor(send, off);
+            }
+            first += upper ? half : 0;
         }
-        first += upper ? half : 0;
+        butterfly<M, S + 1>(sums, lane, first);
     }
-    return first;
 }
 
 /* Block (x, y): tokens [T * x, +T); rows [SIMT_WARPS * R * y, +SIMT_WARPS * R), warp w the w-th
@@ -69,8 +70,10 @@ template <int M> static __device__ __forceinline__ int butterfly(float (&sums)[M
  * come from memory once and from L2 for the other token groups (rows in x, a 192-token step
  * would stream all of W from memory 24 times). Rows past N and tokens past n read the last
  * row or token (so every load is in bounds and the loop has no branch) and are not written. */
+/* (a minimum of one block an SM: with none given, ptxas held the 8 x 4 warp to 96 registers
+ * and spilled its sums; so, 192 registers for 8 x 8, 128 for 8 x 4, no spills, sm_90a) */
 template <int R, int T>
-static __global__ void __launch_bounds__(SIMT_WARPS * 32)
+static __global__ void __launch_bounds__(SIMT_WARPS * 32, 1)
     gemm_simt(const __nv_bfloat16 *__restrict__ w, const float *__restrict__ bias, int32_t N,
               int32_t K, const __nv_bfloat16 *__restrict__ x, int32_t n, float *__restrict__ y,
               int32_t ldy)
@@ -81,33 +84,37 @@ static __global__ void __launch_bounds__(SIMT_WARPS * 32)
     const int64_t tok0 = (int64_t)blockIdx.x * T;
     if (row0 >= N) /* the whole warp: nothing below waits for the others */
         return;
-    const uint4 *wr[R], *xr[T];
+    /* where each row starts, in 16-byte vectors from w or x (32 bits: the launcher checks that
+     * they fit), rather than 64-bit pointers: 16 registers fewer for a warp of 8 x 8 */
+    const uint32_t vecs = (uint32_t)K / 8;
+    const uint4 *w4 = (const uint4 *)w, *x4 = (const uint4 *)x;
+    uint32_t wr[R], xr[T];
 #pragma unroll
     for (int r = 0; r < R; r++)
-        wr[r] = (const uint4 *)(w + (row0 + r < N ? row0 + r : (int64_t)N - 1) * K);
+        wr[r] = (uint32_t)(row0 + r < N ? row0 + r : N - 1) * vecs;
 #pragma unroll
     for (int t = 0; t < T; t++)
-        xr[t] = (const uint4 *)(x + (tok0 + t < n ? tok0 + t : (int64_t)n - 1) * K);
+        xr[t] = (uint32_t)(tok0 + t < n ? tok0 + t : n - 1) * vecs;
     float acc[R * T]; /* output (r, t): acc[r * T + t] */
 #pragma unroll
     for (int i = 0; i < R * T; i++)
         acc[i] = 0.0f;
-    const int32_t vecs = K / 8;
-    for (int32_t v = lane; v < vecs; v += CLLM_WARP) {
+    for (uint32_t v = lane; v < vecs; v += CLLM_WARP) {
         uint4 wv[R], xv[T]; /* every load of the step issued before the first multiply */
 #pragma unroll
         for (int r = 0; r < R; r++)
-            wv[r] = wr[r][v];
+            wv[r] = w4[wr[r] + v];
 #pragma unroll
         for (int t = 0; t < T; t++)
-            xv[t] = xr[t][v];
+            xv[t] = x4[xr[t] + v];
 #pragma unroll
         for (int r = 0; r < R; r++)
 #pragma unroll
             for (int t = 0; t < T; t++)
                 acc[r * T + t] = dot8(wv[r], xv[t], acc[r * T + t]);
     }
-    const int held = butterfly<R * T>(acc, lane);
+    int held = 0;
+    butterfly<R * T, 0>(acc, lane, held);
     /* sums a lane holds; with fewer sums than lanes, lanes less than `spread` apart hold the same
      * one and the first of them writes it */
     constexpr int per_lane = R * T >= CLLM_WARP ? R * T / CLLM_WARP : 1;
@@ -129,7 +136,8 @@ static cudaError_t launch(const __nv_bfloat16 *w, const float *bias, int32_t N, 
     const int64_t rows_a_block = (int64_t)SIMT_WARPS * SIMT_ROWS;
     const int64_t row_groups = (N + rows_a_block - 1) / rows_a_block,
                   token_groups = (n + T - 1) / T;
-    if (row_groups > 65535 || token_groups > 0x7fffffff)
+    if (row_groups > 65535 || token_groups > 0x7fffffff || (int64_t)N * (K / 8) > UINT32_MAX ||
+        (int64_t)n * (K / 8) > UINT32_MAX) /* (the kernel's 32-bit offsets: 64 GB and more) */
         return cudaErrorInvalidValue;
     return cllm_launch(gemm_simt<SIMT_ROWS, T>, dim3((unsigned)token_groups, (unsigned)row_groups),
                        dim3(SIMT_WARPS * 32), 0, stream, w, bias, N, K, x, n, y, ldy);
