@@ -131,6 +131,14 @@ enum cllm_status cllm_engine_device_kv_bytes(struct cllm_engine *e, int64_t *out
     return CLLM_OK;
 }
 
+/* The device check (device_check.h) of the engine's model, on the GPU it was made on. */
+static enum cllm_status check_device(struct cllm_engine *e, char *why, size_t why_len)
+{
+    struct cllm_agreement r;
+    return cllm_device_check(e->model, e->be->iface->name, e->cfg.max_seqs, e->mf, e->cfg.n_threads,
+                             &r, why, why_len);
+}
+
 /* Drops the model and its backend (before the engine's thread starts). */
 static void drop_model(struct cllm_engine *e)
 {
@@ -154,10 +162,8 @@ enum cllm_status cllm_engine_load_model(struct cllm_engine *e, char *err, size_t
     if (st || cfg->no_device_check || !on_gpu(e))
         return st;
     const char *name = e->be->iface->name;
-    struct cllm_agreement r;
     char why[512] = "";
-    st = cllm_device_check(e->model, name, cfg->max_seqs, e->mf, cfg->n_threads, &r, why,
-                           sizeof why);
+    st = check_device(e, why, sizeof why);
     if (st == CLLM_ERR_DEVICE && cfg->backend == CLLM_BACKEND_AUTO && !cfg->gemm_on_cores) {
         cllm_log(CLLM_LOG_ERROR, "%s: trying the GPU again with every GEMM on CUDA cores", why);
         drop_model(e);
@@ -167,8 +173,7 @@ enum cllm_status cllm_engine_load_model(struct cllm_engine *e, char *err, size_t
             st = cllm_fail(why, sizeof why, CLLM_ERR_DEVICE, "the GPU did not start again");
         if (st == CLLM_OK) {
             name = e->be->iface->name;
-            st = cllm_device_check(e->model, name, cfg->max_seqs, e->mf, cfg->n_threads, &r, why,
-                                   sizeof why);
+            st = check_device(e, why, sizeof why);
         }
         if (st == CLLM_OK)
             cllm_log(CLLM_LOG_WARN,

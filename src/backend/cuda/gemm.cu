@@ -16,6 +16,7 @@
 
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/gemm_internal.h"
+#include "backend/cuda/gemm_simt.h"
 #include "backend/cuda/kernels.h"
 
 #include <math.h>
@@ -41,7 +42,7 @@ int32_t cllm_cuda_gemm_slices(int32_t N, int32_t K)
 
 int cllm_cuda_gemm_supported(const void *w, const void *x, int32_t K)
 {
-    return K > 0 && K % 8 == 0 && (uintptr_t)w % 16 == 0 && (uintptr_t)x % 16 == 0;
+    return cllm_cuda_gemm_simt_supported(w, x, K); /* the same operands: rows of 16-byte vectors */
 }
 
 /* 8 BF16 of row at k, zeros past K or for a missing row (the K tail and the edge tiles). */
