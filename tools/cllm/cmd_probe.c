@@ -127,6 +127,12 @@ static enum cllm_status generate_wide(struct cllm_engine *e, const struct cllm_m
             st = cllm_fail(err, err_len, CLLM_ERR_DEVICE, "%d sequences at once: %s", (int)width,
                            outs[i].error);
     }
+    /* ... and once all are answered: the CPU may have finished them all before a poll above
+     * saw the move (a small model, quickly) */
+    if (!st && !strcmp(cllm_engine_backend_name(e), "cpu"))
+        st = cllm_fail(err, err_len, CLLM_ERR_DEVICE,
+                       "a step of %d sequences failed on the GPU (the engine moved to the CPU)",
+                       (int)width);
     int32_t n_greedy = 0, n_differ = 0;
     for (int32_t i = 0; i < n && !st; i += 2) {
         n_greedy++;
