@@ -112,24 +112,19 @@ static enum cllm_status generate_wide(struct cllm_engine *e, const struct cllm_m
     if (st)
         n--; /* reqs[n - 1] was not submitted */
     bool on_cpu = false;
-    for (int32_t i = 0; i < n && !st; i++) {
+    for (int32_t i = 0; i < n && !st && !on_cpu; i++) {
         while (!cllm_request_poll(reqs[i], 50, &outs[i])) {
             on_cpu = !strcmp(cllm_engine_backend_name(e), "cpu");
             if (on_cpu) /* the rest would run on the CPU, slowly, for nothing */
                 break;
         }
-        if (on_cpu)
-            st = cllm_fail(err, err_len, CLLM_ERR_DEVICE,
-                           "a step of %d sequences failed on the GPU (the engine moved to the "
-                           "CPU)",
-                           (int)width);
-        else if (outs[i].reason == CLLM_FINISH_ERROR)
+        if (!on_cpu && outs[i].reason == CLLM_FINISH_ERROR)
             st = cllm_fail(err, err_len, CLLM_ERR_DEVICE, "%d sequences at once: %s", (int)width,
                            outs[i].error);
     }
-    /* ... and once all are answered: the CPU may have finished them all before a poll above
-     * saw the move (a small model, quickly) */
-    if (!st && !strcmp(cllm_engine_backend_name(e), "cpu"))
+    /* a move seen while waiting, or after all were answered: the CPU may have finished them all
+     * before a poll saw it (a small model, quickly) */
+    if (!st && (on_cpu || !strcmp(cllm_engine_backend_name(e), "cpu")))
         st = cllm_fail(err, err_len, CLLM_ERR_DEVICE,
                        "a step of %d sequences failed on the GPU (the engine moved to the CPU)",
                        (int)width);
@@ -205,11 +200,12 @@ int cllm_cmd_probe_device(int argc, char **argv)
     if (!st)
         st = generate(e, mf, &alone, err, sizeof err);
     int rc = 1;
+    const char *fault = getenv("CLLM_FAULT_PROBE");
     if (st) {
         cllm_log(CLLM_LOG_ERROR, "probe-device: %s", err);
     } else {
         const char *name = cllm_engine_backend_name(e);
-        const char *fault = getenv("CLLM_FAULT_PROBE"); /* (on-cores: as if it took them) */
+        /* (CLLM_FAULT_PROBE=on-cores: as if it had taken them) */
         const bool on_cores = cllm_engine_gemm_on_cores(e) || (fault && !strcmp(fault, "on-cores"));
         rc = !strcmp(name, "cpu") ? CLLM_PROBE_EXIT_CHECK_FAILED
              : on_cores           ? CLLM_PROBE_EXIT_GPU_ON_CORES
@@ -218,7 +214,6 @@ int cllm_cmd_probe_device(int argc, char **argv)
                  on_cores ? " with every GEMM on CUDA cores" : "");
     }
     const bool on_gpu = rc == 0 || rc == CLLM_PROBE_EXIT_GPU_ON_CORES;
-    const char *fault = getenv("CLLM_FAULT_PROBE");
     const char *trigger = getenv("CLLM_FAULT_FILE");
     if (on_gpu && fault && !strcmp(fault, "wide") && trigger) {
         /* the device fails one sync of the full batch (fault.h), then works on */
