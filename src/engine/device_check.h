@@ -17,7 +17,7 @@
  * The bound: a row agrees when no logit differs from the CPU's by more than
  * CLLM_DEVICE_CHECK_BOUND of the row's range (max - min of the CPU's row) and every logit is
  * finite. A right device differs by BF16 rounding of weights and activations (and, for a
- * quantized GGUF, by the CPU's 8-bit activations): about 1% of the range (README, Measured);
+ * quantized GGUF, by the CPU's 8-bit activations): about 1% of the range (docs/measured.md);
  * a wrong op, head, position or lane moves logits by tens of percent. A draw is right when its
  * row's processors allow it on the device's own logits (cllm_draw_allowed: a greedy token is
  * the penalized argmax, a top-k token among the k best, ...), within 1% of the row's range (the

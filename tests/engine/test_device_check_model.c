@@ -8,7 +8,7 @@
  *     rows allow, and what a draw may be is what each processor allows (cllm_draw_allowed);
  *   - the quantized GGUF on the CPU (8-bit activations, the reference a GPU is checked against
  *     when it serves a GGUF) against the F32 HF folder made from it (exact arithmetic): within a
- *     third of the bound. A right GPU's own BF16 error is of the same size (README, Measured),
+ *     third of the bound. A right GPU's own BF16 error is of the same size (docs/measured.md),
  *     so the bound leaves room for both while a wrong op shows as tens of percent (the
  *     emulator's test_emu_model: a BLAS that drops part of each sum is 55% off).
  *   - the attention op at long contexts (cllm_attention_compare): two CPU backends agree
