@@ -43,6 +43,9 @@ struct cllm_weight {
     const void *data;               /* device pointer to the weight in `dtype` */
     enum cllm_dtype dtype;
     int64_t ne[2];                  /* {row length, rows} (vectors: {n, 1}) */
+    /* How the backend arranged data's bytes: 0, as the file does; else its own (the CPU's:
+     * rows packed for its kernels, backend/cpu/pack_q4k.h) */
+    int layout;
 };
 
 /* Where each token of a step sits: the attention op's view of a batch. */

@@ -52,7 +52,7 @@ static struct cllm_backend *make(int threads)
 static void vec_weight(struct cllm_tensor *t, struct cllm_weight *w, const float *data, int64_t n)
 {
     *t = (struct cllm_tensor){"w", CLLM_DTYPE_F32, 1, {n, 1, 1, 1}, (uint64_t)n * 4, data};
-    *w = (struct cllm_weight){t, data, CLLM_DTYPE_F32, {n, 1}};
+    *w = (struct cllm_weight){t, data, CLLM_DTYPE_F32, {n, 1}, 0};
 }
 
 static void test_norms(struct cllm_backend *be, int32_t n, int32_t dim)
@@ -305,6 +305,61 @@ static void test_copied_weights(int threads, uint64_t budget)
     cllm_backend_free(copying);
 }
 
+/* A Q4_K matrix the copying backend packs (pack_q4k.h) where the kernel family multiplies it so
+ * (the VNNI families; CLLM_CPU_PACKED_WEIGHTS=0: never): matmul (a token alone and a part tile)
+ * and embed give the same bits as from the file's bytes, which stay the file's; freed without a
+ * leak (ASan). */
+static void test_packed_weights(int threads, bool pack)
+{
+    setenv("CLLM_CPU_PACKED_WEIGHTS", pack ? "1" : "0", 1);
+    struct cllm_backend *mapped = make(threads), *copying = NULL;
+    struct cllm_backend_options o = {CLLM_BACKEND_CPU,        threads,    0,
+                                     CLLM_CPU_WEIGHTS_STORED, UINT64_MAX, false};
+    CHECK(mapped && cllm_backend_new(&copying, &o, NULL, 0) == CLLM_OK);
+    unsetenv("CLLM_CPU_PACKED_WEIGHTS");
+    enum { K = 512, N = 48, ROW = K / 256 * 144 };
+    uint8_t *data = malloc((size_t)N * ROW);
+    for (int i = 0; i < N * ROW; i++)
+        data[i] = (uint8_t)(frand() * 128.0f + 128.0f);
+    for (int b = 0; b < N * K / 256; b++) { /* sane d and dmin */
+        const uint16_t d = cllm_f32_to_f16(frand() * 0.01f), dmin = cllm_f32_to_f16(0.002f);
+        memcpy(data + b * 144, &d, 2);
+        memcpy(data + b * 144 + 2, &dmin, 2);
+    }
+    uint8_t *orig = malloc((size_t)N * ROW);
+    memcpy(orig, data, (size_t)N * ROW);
+    const struct cllm_tensor t = {"m", CLLM_DTYPE_Q4_K, 2, {K, N, 1, 1}, (uint64_t)N * ROW, data};
+    struct cllm_weight w0, w1;
+    if (mapped && copying) {
+        CHECK(mapped->iface->weight_init(mapped, &t, &w0, NULL, 0) == CLLM_OK);
+        CHECK(copying->iface->weight_init(copying, &t, &w1, NULL, 0) == CLLM_OK);
+        const bool packs = pack && cllm_cpu_matmul_packs(CLLM_DTYPE_Q4_K, K, N);
+        CHECKF(w0.layout == 0 && (w1.layout != 0) == packs, "layout %d, packs %d", w1.layout,
+               packs);
+        CHECK(w1.data != data && (memcmp(w1.data, data, t.nbytes) != 0) == packs);
+        float *x = randv(K * 5, 1), y0[N * 5], y1[N * 5];
+        for (int n = 1; n <= 5; n += 4) {
+            CHECK(mapped->iface->matmul(mapped, &w0, NULL, x, n, y0, N) == CLLM_OK);
+            CHECK(copying->iface->matmul(copying, &w1, NULL, x, n, y1, N) == CLLM_OK);
+            CHECKF(memcmp(y0, y1, sizeof(float) * (size_t)(N * n)) == 0,
+                   "%d tokens: packed matmul differs", n);
+        }
+        static const int32_t tokens[] = {0, 17, 47, 5, 16};
+        float e0[5 * K], e1[5 * K];
+        CHECK(mapped->iface->embed(mapped, &w0, tokens, 5, e0) == CLLM_OK);
+        CHECK(copying->iface->embed(copying, &w1, tokens, 5, e1) == CLLM_OK);
+        CHECK(memcmp(e0, e1, sizeof e0) == 0);
+        mapped->iface->weight_free(mapped, &w0);
+        copying->iface->weight_free(copying, &w1);
+        free(x);
+    }
+    CHECK(memcmp(orig, data, (size_t)N * ROW) == 0); /* the file's bytes, untouched */
+    cllm_backend_free(mapped);
+    cllm_backend_free(copying);
+    free(data);
+    free(orig);
+}
+
 /* e^x and SiLU at the edges of float, through the chosen family's kernel: against a double
  * reference within 2e-6 relative (a few ulp), infinities and NaN where it has them. */
 static void test_silu_edges(void)
@@ -404,6 +459,9 @@ int main(void)
     test_copied_weights(1, UINT64_MAX);
     test_copied_weights(2, UINT64_MAX);
     test_copied_weights(2, 4096);
+    test_packed_weights(1, true);
+    test_packed_weights(3, true);
+    test_packed_weights(2, false);
     struct cllm_backend *be = make(1);
     CHECK(be != NULL);
     if (be) {

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/pack_q4k.h"
 #include "backend/cpu/ref.h"
 #include "backend/cpu/threadpool.h"
 #include "core/alloc.h"
@@ -32,6 +33,9 @@ struct cpu {
     enum cllm_cpu_weights weights;
     uint64_t copy_budget;   /* bytes copy_weight may still copy */
     bool copy_budget_spent; /* said so in the log */
+    /* copies are packed where the kernels multiply them faster so (CLLM_CPU_PACKED_WEIGHTS=0:
+     * never, to compare) */
+    bool pack;
     void *scratch; /* matmul activation quantization buffer */
     size_t scratch_size;
     float *rope_cos, *rope_sin; /* [rope_positions][head_dim / 2], computed on demand */
@@ -144,10 +148,28 @@ static void copy_task(void *ctx, int ith, int nth)
         memcpy(j->dst + from, j->src + from, to - from);
 }
 
+/* w's layout where its rows are packed (pack_q4k.h). */
+#define LAYOUT_Q4_K_X16 1
+
+struct pack_job {
+    uint8_t *dst;
+    const struct cllm_tensor *t;
+};
+
+/* The threads' shares are whole groups of packed rows. */
+static void pack_task(void *ctx, int ith, int nth)
+{
+    struct pack_job *j = ctx;
+    int64_t a, b;
+    cllm_split_rows(j->t->ne[1] / CLLM_PACK_ROWS, ith, nth, &a, &b);
+    cllm_q4_k_x16_pack(j->t->data, j->t->ne[0], a * CLLM_PACK_ROWS, b * CLLM_PACK_ROWS, j->dst);
+}
+
 /* w (a matrix) becomes an owned copy of t in memory from cllm_alloc_streamed, copied on the
  * pool's threads (each thread's first touch of its pages, which the kernel then clears and
- * maps), if it fits what is left of the copy budget. Else, or without the memory, w stays on
- * the mapped file: slower, never wrong. */
+ * maps), if it fits what is left of the copy budget; packed (pack_q4k.h) where the kernels
+ * multiply it faster so. Else, or without the memory, w stays on the mapped file: slower,
+ * never wrong. */
 static void copy_weight(struct cpu *c, const struct cllm_tensor *t, struct cllm_weight *w)
 {
     if (t->nbytes > c->copy_budget) {
@@ -165,8 +187,15 @@ static void copy_weight(struct cpu *c, const struct cllm_tensor *t, struct cllm_
         cllm_log(CLLM_LOG_DEBUG, "cpu: no memory to copy tensor %s: used from the file", t->name);
         return;
     }
-    struct copy_job j = {p, t->data, (size_t)t->nbytes};
-    cllm_threadpool_run(t->nbytes < MIN_PARALLEL_COPY_BYTES ? NULL : c->tp, copy_task, &j);
+    struct cllm_threadpool *tp = t->nbytes < MIN_PARALLEL_COPY_BYTES ? NULL : c->tp;
+    if (c->pack && cllm_cpu_matmul_packs(t->dtype, t->ne[0], t->ne[1])) {
+        struct pack_job j = {p, t};
+        cllm_threadpool_run(tp, pack_task, &j);
+        w->layout = LAYOUT_Q4_K_X16;
+    } else {
+        struct copy_job j = {p, t->data, (size_t)t->nbytes};
+        cllm_threadpool_run(tp, copy_task, &j);
+    }
     w->data = p;
     c->copy_budget -= t->nbytes;
 }
@@ -240,9 +269,25 @@ static void embed_task(void *arg, int ith, int nth)
     struct embed_job *j = arg;
     int64_t s, e;
     cllm_split_rows(j->n, ith, nth, &s, &e);
-    for (int64_t i = s; i < e; i++)
-        cllm_dequant_row(j->w->dtype, (const char *)j->w->data + (uint64_t)j->tokens[i] * j->row_bytes,
-                         j->out + i * j->w->ne[0], j->w->ne[0]);
+    const int64_t K = j->w->ne[0];
+    for (int64_t i = s; i < e; i++) {
+        const char *src = (const char *)j->w->data + (uint64_t)j->tokens[i] * j->row_bytes;
+        float *out = j->out + i * K;
+        if (j->w->layout != LAYOUT_Q4_K_X16) {
+            cllm_dequant_row(j->w->dtype, src, out, K);
+            continue;
+        }
+        /* packed rows: each block back in the file's layout, then dequantized (per block) */
+        const uint8_t *group =
+            (const uint8_t *)j->w->data +
+            (uint64_t)(j->tokens[i] / CLLM_PACK_ROWS * CLLM_PACK_ROWS) * j->row_bytes;
+        for (int64_t b = 0; b < K / CLLM_QK_K; b++) {
+            struct cllm_block_q4_k blk;
+            cllm_q4_k_x16_unpack_block(group + (size_t)b * sizeof(struct cllm_q4_k_x16),
+                                       j->tokens[i] % CLLM_PACK_ROWS, &blk);
+            cllm_dequant_row(CLLM_DTYPE_Q4_K, &blk, out + b * CLLM_QK_K, CLLM_QK_K);
+        }
+    }
 }
 
 static enum cllm_status cpu_embed(struct cllm_backend *be, const struct cllm_weight *embd,
@@ -341,7 +386,10 @@ static enum cllm_status cpu_matmul(struct cllm_backend *be, const struct cllm_we
         c->scratch_size = need;
     }
     const struct cllm_tensor wt = weight_tensor(w);
-    enum cllm_status st = cllm_cpu_matmul(c->tp, &wt, x, n, y, ldy, c->scratch, c->scratch_size);
+    enum cllm_status st =
+        w->layout == LAYOUT_Q4_K_X16
+            ? cllm_cpu_matmul_packed(c->tp, &wt, x, n, y, ldy, c->scratch, c->scratch_size)
+            : cllm_cpu_matmul(c->tp, &wt, x, n, y, ldy, c->scratch, c->scratch_size);
     if (st || !bias)
         return st;
     const float *b = bias->data;
@@ -632,6 +680,8 @@ enum cllm_status cllm_backend_cpu_new(struct cllm_backend **out,
     }
     c->weights = o->cpu_weights;
     c->copy_budget = o->cpu_copy_budget;
+    const char *pack = getenv("CLLM_CPU_PACKED_WEIGHTS");
+    c->pack = !(pack && strcmp(pack, "0") == 0);
     c->be.iface = &cpu_iface;
     c->be.ctx = c;
     cllm_log(CLLM_LOG_INFO, "cpu: %d threads, %s matmul kernels%s", (int)n_threads,

@@ -342,4 +342,5 @@ void cllm_matmul_kernels_add_avx512vnni(struct cllm_matmul_kernels *k)
     k->dot_rows1[CLLM_DTYPE_Q4_K] = dot_rows1_q4_k;
     k->dot_rows1[CLLM_DTYPE_Q5_K] = dot_rows1_q5_k;
     k->dot_rows1[CLLM_DTYPE_Q6_K] = dot_rows1_q6_k;
+    cllm_matmul_kernels_add_packed_avx512vnni(k);
 }

@@ -9,6 +9,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "backend/cpu/pack_q4k.h"
 #include "backend/cpu/quant_dot.h"
 #include "backend/cpu/ref.h"
 #include "core/f16.h"
@@ -64,7 +65,47 @@ static void store_tile(const float *acc, int nt, float *y, int64_t ldy)
 }
 
 /* Q4_K / Q5_K (q5 != 0): per super-block, isum = sum_j sc[j] * (q . x over sub-block j) and
- * msum = sum_j m[j] * (sum of x over sub-block j); acc += (dx*d)*isum, acc -= (dx*dmin)*msum. */
+ * msum = sum_j m[j] * (sum of x over sub-block j); acc += (dx*d)*isum, acc -= (dx*dmin)*msum.
+ * Block b (at w) of a row, for the tile's nt tokens. */
+static void q45_k_block(const uint8_t *w, int64_t b, const struct cllm_act_tile *tk, int nt,
+                        float *acc, int q5)
+{
+    uint16_t dh, mh;
+    uint8_t sc[8], m[8], q[CLLM_QK_K];
+    memcpy(&dh, w, 2);
+    memcpy(&mh, w + 2, 2);
+    cllm_k_scales_unpack(w + 4, sc, m);
+    const uint8_t *qh = w + 4 + CLLM_K_SCALE_SIZE; /* Q5_K only */
+    const uint8_t *qs = qh + (q5 ? CLLM_QK_K / 8 : 0);
+    for (int c = 0; c < 4; c++) {
+        for (int l = 0; l < 32; l++) {
+            int lo = qs[32 * c + l] & 0x0f, hi = qs[32 * c + l] >> 4;
+            if (q5) {
+                lo |= ((qh[l] >> (2 * c)) & 1) << 4;
+                hi |= ((qh[l] >> (2 * c + 1)) & 1) << 4;
+            }
+            q[64 * c + l] = (uint8_t)lo;
+            q[64 * c + 32 + l] = (uint8_t)hi;
+        }
+    }
+    const float d = cllm_f16_to_f32(dh), dmin = cllm_f16_to_f32(mh);
+    for (int t = 0; t < nt; t++) {
+        const int8_t *x = tk->qs[t] + b * CLLM_QK_K;
+        const int16_t *bs = tk->sums + (b * tk->step + t) * 16;
+        int32_t isum = 0, msum = 0;
+        for (int j = 0; j < 8; j++) {
+            int32_t s = 0;
+            for (int l = 0; l < 32; l++)
+                s += q[32 * j + l] * x[32 * j + l];
+            isum += sc[j] * s;
+            msum += m[j] * (bs[2 * j] + bs[2 * j + 1]);
+        }
+        const float dx = tk->d[b * tk->step + t];
+        acc[t] = acc[t] + (dx * d) * (float)isum;
+        acc[t] = acc[t] - (dx * dmin) * (float)msum;
+    }
+}
+
 static void dot_q45_k(const uint8_t *w, int64_t nb, const struct cllm_act_view *a, int nt,
                       float *y, int64_t ldy, int q5)
 {
@@ -72,43 +113,31 @@ static void dot_q45_k(const uint8_t *w, int64_t nb, const struct cllm_act_view *
     cllm_act_tile_init(&tk, a, nt);
     float acc[TILE] = {0};
     const size_t bsize = q5 ? sizeof(struct cllm_block_q5_k) : sizeof(struct cllm_block_q4_k);
-    for (int64_t b = 0; b < nb; b++, w += bsize) {
-        uint16_t dh, mh;
-        uint8_t sc[8], m[8], q[CLLM_QK_K];
-        memcpy(&dh, w, 2);
-        memcpy(&mh, w + 2, 2);
-        cllm_k_scales_unpack(w + 4, sc, m);
-        const uint8_t *qh = w + 4 + CLLM_K_SCALE_SIZE;           /* Q5_K only */
-        const uint8_t *qs = qh + (q5 ? CLLM_QK_K / 8 : 0);
-        for (int c = 0; c < 4; c++) {
-            for (int l = 0; l < 32; l++) {
-                int lo = qs[32 * c + l] & 0x0f, hi = qs[32 * c + l] >> 4;
-                if (q5) {
-                    lo |= ((qh[l] >> (2 * c)) & 1) << 4;
-                    hi |= ((qh[l] >> (2 * c + 1)) & 1) << 4;
-                }
-                q[64 * c + l] = (uint8_t)lo;
-                q[64 * c + 32 + l] = (uint8_t)hi;
-            }
-        }
-        const float d = cllm_f16_to_f32(dh), dmin = cllm_f16_to_f32(mh);
-        for (int t = 0; t < nt; t++) {
-            const int8_t *x = tk.qs[t] + b * CLLM_QK_K;
-            const int16_t *bs = tk.sums + (b * tk.step + t) * 16;
-            int32_t isum = 0, msum = 0;
-            for (int j = 0; j < 8; j++) {
-                int32_t s = 0;
-                for (int l = 0; l < 32; l++)
-                    s += q[32 * j + l] * x[32 * j + l];
-                isum += sc[j] * s;
-                msum += m[j] * (bs[2 * j] + bs[2 * j + 1]);
-            }
-            const float dx = tk.d[b * tk.step + t];
-            acc[t] = acc[t] + (dx * d) * (float)isum;
-            acc[t] = acc[t] - (dx * dmin) * (float)msum;
-        }
-    }
+    for (int64_t b = 0; b < nb; b++, w += bsize)
+        q45_k_block(w, b, &tk, nt, acc, q5);
     store_tile(acc, nt, y, ldy);
+}
+
+/* Q4_K rows packed 16 at a time (pack_q4k.h): each row's blocks taken back out of their records
+ * one at a time, then the row kernel's arithmetic. The reference of the packed kernels, and
+ * what families without one of their own run. */
+void cllm_dot_q4_k_x16_ref(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
+                           const struct cllm_act_view *a, int nt, float *y, int64_t ldy)
+{
+    struct cllm_act_tile tk;
+    cllm_act_tile_init(&tk, a, nt);
+    const int64_t nb = K / CLLM_QK_K;
+    for (int64_t r = 0; r < nr; r++) {
+        const uint8_t *group = w + (size_t)(r / CLLM_PACK_ROWS * CLLM_PACK_ROWS) * row_bytes;
+        float acc[TILE] = {0};
+        for (int64_t b = 0; b < nb; b++) {
+            struct cllm_block_q4_k blk;
+            cllm_q4_k_x16_unpack_block(group + (size_t)b * sizeof(struct cllm_q4_k_x16),
+                                       (int)(r % CLLM_PACK_ROWS), &blk);
+            q45_k_block((const uint8_t *)&blk, b, &tk, nt, acc, 0);
+        }
+        store_tile(acc, nt, y + r, ldy);
+    }
 }
 
 static void dot_q4_k(const void *w, int64_t K, const struct cllm_act_view *a, int nt, float *y,

@@ -20,6 +20,7 @@
 #include <cpuid.h>
 #endif
 
+#include "backend/cpu/pack_q4k.h"
 #include "backend/cpu/quant_dot.h"
 #include "core/alloc.h"
 #include "core/log.h"
@@ -279,11 +280,20 @@ static void dot_task(void *ctx, int ith, int nth)
     }
 }
 
-enum cllm_status cllm_cpu_matmul(struct cllm_threadpool *tp, const struct cllm_tensor *w,
-                                 const float *x, int64_t n_tokens, float *y, int64_t ldy,
-                                 void *scratch, size_t scratch_size)
+bool cllm_cpu_matmul_packs(enum cllm_dtype t, int64_t K, int64_t N)
+{
+    return kernels()->dot_q4_k_x16 && t == CLLM_DTYPE_Q4_K && K > 0 && K % CLLM_QK_K == 0 &&
+           N > 0 && N % CLLM_PACK_ROWS == 0;
+}
+
+/* cllm_cpu_matmul, or (packed) cllm_cpu_matmul_packed. */
+static enum cllm_status matmul(struct cllm_threadpool *tp, const struct cllm_tensor *w, bool packed,
+                               const float *x, int64_t n_tokens, float *y, int64_t ldy,
+                               void *scratch, size_t scratch_size)
 {
     if (!w || !x || !y || n_tokens < 0)
+        return CLLM_ERR_INVALID_ARG;
+    if (packed && (w->dtype != CLLM_DTYPE_Q4_K || w->ne[1] % CLLM_PACK_ROWS != 0))
         return CLLM_ERR_INVALID_ARG;
     const struct cllm_dtype_traits *tr = cllm_dtype_traits(w->dtype);
     const int64_t K = w->ne[0], N = w->ne[1];
@@ -306,7 +316,9 @@ enum cllm_status cllm_cpu_matmul(struct cllm_threadpool *tp, const struct cllm_t
     struct mm_job j = {
         .dot = k->dot[w->dtype],
         .dot_rows = k->dot_rows[w->dtype],
-        .dot_rows1 = n_tokens == 1 ? k->dot_rows1[w->dtype] : NULL,
+        .dot_rows1 = packed          ? (k->dot_q4_k_x16 ? k->dot_q4_k_x16 : cllm_dot_q4_k_x16_ref)
+                     : n_tokens == 1 ? k->dot_rows1[w->dtype]
+                                     : NULL,
         .quant = k->quant[kind],
         .w = w->data,
         .row_bytes = (size_t)row_bytes,
@@ -349,7 +361,14 @@ enum cllm_status cllm_cpu_matmul(struct cllm_threadpool *tp, const struct cllm_t
         j.row_chunk = (int64_t)(ROW_CHUNK_BYTES / j.row_bytes);
         j.row_item = (int64_t)((n_tokens <= CLLM_MM_TILE ? DECODE_ITEM_BYTES : ITEM_BYTES) /
                                j.row_bytes);
-        if (j.dot_rows1) { /* whole 8-row blocks a call (the kernels' unit) */
+        if (packed) { /* whole groups of packed rows */
+            j.row_item = (j.row_item + CLLM_PACK_ROWS - 1) / CLLM_PACK_ROWS * CLLM_PACK_ROWS;
+            j.row_chunk = (j.row_chunk + CLLM_PACK_ROWS - 1) / CLLM_PACK_ROWS * CLLM_PACK_ROWS;
+            if (j.row_item < CLLM_PACK_ROWS)
+                j.row_item = CLLM_PACK_ROWS;
+            if (j.row_chunk < CLLM_PACK_ROWS || j.row_chunk > j.row_item)
+                j.row_chunk = j.row_item;
+        } else if (j.dot_rows1) { /* whole 8-row blocks a call (the kernels' unit) */
             j.row_item = (j.row_item + 7) / 8 * 8;
             j.row_chunk = j.row_item;
         }
@@ -400,4 +419,18 @@ enum cllm_status cllm_cpu_matmul(struct cllm_threadpool *tp, const struct cllm_t
     }
     cllm_threadpool_run(tp, dot_task, &j);
     return CLLM_OK;
+}
+
+enum cllm_status cllm_cpu_matmul(struct cllm_threadpool *tp, const struct cllm_tensor *w,
+                                 const float *x, int64_t n_tokens, float *y, int64_t ldy,
+                                 void *scratch, size_t scratch_size)
+{
+    return matmul(tp, w, false, x, n_tokens, y, ldy, scratch, scratch_size);
+}
+
+enum cllm_status cllm_cpu_matmul_packed(struct cllm_threadpool *tp, const struct cllm_tensor *w,
+                                        const float *x, int64_t n_tokens, float *y, int64_t ldy,
+                                        void *scratch, size_t scratch_size)
+{
+    return matmul(tp, w, true, x, n_tokens, y, ldy, scratch, scratch_size);
 }
