@@ -44,7 +44,7 @@ struct cllm_weight {
     enum cllm_dtype dtype;
     int64_t ne[2];                  /* {row length, rows} (vectors: {n, 1}) */
     /* How the backend arranged data's bytes: 0, as the file does; else its own (the CPU's:
-     * rows packed for its kernels, backend/cpu/pack_q4k.h) */
+     * rows packed for its kernels, backend/cpu/pack_x16.h) */
     int layout;
 };
 

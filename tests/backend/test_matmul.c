@@ -6,7 +6,7 @@
  * reference on the dequantized weights and the activations as the kernels see them (8-bit
  * quantized or rounded to BF16: only rounding differs) and, looser, against the unrounded
  * activations; identical bits for 1, 2 and 3 threads and for a token alone or inside a batch;
- * the activation quantizer and the BF16 rounding themselves; Q4_K rows packed 16 at a time
+ * the activation quantizer and the BF16 rounding themselves; K-quant rows packed 16 at a time
  * against the file's layout; and the error returns.
  */
 #include <math.h>
@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "backend/cpu/matmul.h"
-#include "backend/cpu/pack_q4k.h"
+#include "backend/cpu/pack_x16.h"
 #include "backend/cpu/quant_dot.h"
 #include "core/f16.h"
 #include "tensor/quant.h"
@@ -462,14 +462,16 @@ static void test_errors(void)
 }
 
 /*
- * Q4_K rows packed 16 at a time (pack_q4k.h): every row unpacks to its file bytes, and the packed
- * matmul gives the unpacked one's bits (the scalar family's, 1 thread) under every family this
- * CPU runs (the VNNI family's own kernel, the others the reference), on 1-3 threads, for a token
- * alone and tiles of every size (a part tile of 1, 2, 3 and 5 tokens), rows long enough to be
- * read from L2; and cllm_cpu_matmul_packs offers it only where it should.
+ * K-quant rows packed 16 at a time (pack_x16.h: Q4_K and Q6_K): every row unpacks to its file
+ * bytes, and the packed matmul gives the unpacked one's bits (the scalar family's, 1 thread)
+ * under every family this CPU runs (the VNNI families' own kernels, the others the reference),
+ * on 1-3 threads, for a token alone and tiles of every size (a part tile of 1, 2, 3 and 5
+ * tokens), rows long enough to be read from L2; and cllm_cpu_matmul_packs offers it only where
+ * it should.
  */
-static void test_packed_q4_k(struct cllm_threadpool *tp2, struct cllm_threadpool *tp3,
-                             const char *const *simd, const bool *has, int n_simd)
+static void test_packed(enum cllm_dtype type, struct cllm_threadpool *tp2,
+                        struct cllm_threadpool *tp3, const char *const *simd, const bool *has,
+                        int n_simd)
 {
     static const int64_t Ks[] = {256, 1024, 35 * 256}, Ns[] = {16, 48, 160};
     static const int64_t nts[] = {1, 2, 3, 8, 9, 13, 40};
@@ -479,14 +481,14 @@ static void test_packed_q4_k(struct cllm_threadpool *tp2, struct cllm_threadpool
             if (K * N > 1024 * 160) /* the long rows: one shape is enough */
                 continue;
             struct wmat m;
-            wmat_init(&m, CLLM_DTYPE_Q4_K, K, N);
+            wmat_init(&m, type, K, N);
             const uint64_t bytes = m.t.nbytes, row_bytes = bytes / (uint64_t)N;
             uint8_t *packed = malloc(bytes), *row = malloc(row_bytes);
-            cllm_q4_k_x16_pack(m.data, K, 0, N, packed);
+            cllm_x16_pack(type, m.data, K, 0, N, packed);
             CHECK(memcmp(packed, m.data, bytes) != 0 || N == 0);
             int bad_rows = 0;
             for (int64_t r = 0; r < N; r++) {
-                cllm_q4_k_x16_unpack_row(packed, K, r, row);
+                cllm_x16_unpack_row(type, packed, K, r, row);
                 bad_rows += memcmp(row, m.data + r * row_bytes, row_bytes) != 0;
             }
             CHECKF(bad_rows == 0, "K %lld N %lld: %d rows unpack differently", (long long)K,
@@ -508,17 +510,17 @@ static void test_packed_q4_k(struct cllm_threadpool *tp2, struct cllm_threadpool
                     CHECK(cllm_cpu_matmul_use_isa(f < 0 ? "scalar" : simd[f]));
                     struct cllm_threadpool *pools[] = {NULL, tp2, tp3};
                     for (int p = 0; p < 3; p++) {
-                        size_t ss = cllm_cpu_matmul_scratch_size(CLLM_DTYPE_Q4_K, K, nt);
+                        size_t ss = cllm_cpu_matmul_scratch_size(type, K, nt);
                         uint8_t *scratch = malloc(ss + 3);
                         memset(got, 0xff, sizeof(float) * (size_t)(nt * N));
                         CHECK(cllm_cpu_matmul_packed(pools[p], &pm.t, x, nt, got, N, scratch + 3,
                                                      ss) == CLLM_OK);
                         free(scratch);
                         CHECKF(memcmp(got, want, sizeof(float) * (size_t)(nt * N)) == 0,
-                               "%s packed Q4_K K %lld N %lld, %lld tokens, %d threads: not the "
+                               "%s packed %s K %lld N %lld, %lld tokens, %d threads: not the "
                                "unpacked bits",
-                               cllm_cpu_matmul_isa(), (long long)K, (long long)N, (long long)nt,
-                               p + 1);
+                               cllm_cpu_matmul_isa(), cllm_dtype_name(type), (long long)K,
+                               (long long)N, (long long)nt, p + 1);
                     }
                 }
                 free(x);
@@ -536,23 +538,24 @@ static void test_packed_q4_k(struct cllm_threadpool *tp2, struct cllm_threadpool
         CHECK(cllm_cpu_matmul_use_isa(f < 0 ? "scalar" : simd[f]));
         const bool vnni =
             f >= 0 && (strcmp(simd[f], "avx512vnni") == 0 || strcmp(simd[f], "avx512bf16") == 0);
-        CHECK(cllm_cpu_matmul_packs(CLLM_DTYPE_Q4_K, 1536, 8960) == vnni);
-        CHECK(!cllm_cpu_matmul_packs(CLLM_DTYPE_Q4_K, 1536, 8961));
-        CHECK(!cllm_cpu_matmul_packs(CLLM_DTYPE_Q4_K, 1000, 16));
-        CHECK(!cllm_cpu_matmul_packs(CLLM_DTYPE_Q6_K, 1536, 8960));
+        CHECK(cllm_cpu_matmul_packs(type, 1536, 8960) == vnni);
+        CHECK(!cllm_cpu_matmul_packs(type, 1536, 8961));
+        CHECK(!cllm_cpu_matmul_packs(type, 1000, 16));
+        CHECK(!cllm_cpu_matmul_packs(CLLM_DTYPE_Q5_K, 1536, 8960));
+        CHECK(!cllm_cpu_matmul_packs(CLLM_DTYPE_Q8_0, 1536, 8960));
     }
     CHECK(cllm_cpu_matmul_use_isa(NULL));
     /* a packed matmul of another dtype, or of rows that are not whole groups, is refused */
     struct wmat m;
-    wmat_init(&m, CLLM_DTYPE_Q4_K, 256, 17);
+    wmat_init(&m, type, 256, 17);
     static float x[256];
     float y[17];
-    size_t ss = cllm_cpu_matmul_scratch_size(CLLM_DTYPE_Q4_K, 256, 1);
+    size_t ss = cllm_cpu_matmul_scratch_size(type, 256, 1);
     uint8_t *scratch = malloc(ss);
     CHECK(cllm_cpu_matmul_packed(NULL, &m.t, x, 1, y, 17, scratch, ss) == CLLM_ERR_INVALID_ARG);
     m.t.ne[1] = 16;
     CHECK(cllm_cpu_matmul_packed(NULL, &m.t, x, 1, y, 17, scratch, ss) == CLLM_OK);
-    m.t.dtype = CLLM_DTYPE_Q6_K;
+    m.t.dtype = CLLM_DTYPE_Q5_K;
     CHECK(cllm_cpu_matmul_packed(NULL, &m.t, x, 1, y, 17, scratch, ss) == CLLM_ERR_INVALID_ARG);
     free(scratch);
     wmat_free(&m);
@@ -694,7 +697,8 @@ int main(void)
     }
     CHECK(cllm_cpu_matmul_use_isa(NULL));
 
-    test_packed_q4_k(tp2, tp3, simd, has, N_SIMD);
+    test_packed(CLLM_DTYPE_Q4_K, tp2, tp3, simd, has, N_SIMD);
+    test_packed(CLLM_DTYPE_Q6_K, tp2, tp3, simd, has, N_SIMD);
     test_errors();
     cllm_threadpool_free(tp2);
     cllm_threadpool_free(tp3);

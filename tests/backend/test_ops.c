@@ -305,11 +305,11 @@ static void test_copied_weights(int threads, uint64_t budget)
     cllm_backend_free(copying);
 }
 
-/* A Q4_K matrix the copying backend packs (pack_q4k.h) where the kernel family multiplies it so
- * (the VNNI families; CLLM_CPU_PACKED_WEIGHTS=0: never): matmul (a token alone and a part tile)
- * and embed give the same bits as from the file's bytes, which stay the file's; freed without a
- * leak (ASan). */
-static void test_packed_weights(int threads, bool pack)
+/* A K-quant matrix (Q4_K, Q6_K) the copying backend packs (pack_x16.h) where the kernel family
+ * multiplies it so (the VNNI families; CLLM_CPU_PACKED_WEIGHTS=0: never): matmul (a token alone
+ * and a part tile) and embed give the same bits as from the file's bytes, which stay the file's;
+ * freed without a leak (ASan). */
+static void test_packed_weights(enum cllm_dtype type, int threads, bool pack)
 {
     setenv("CLLM_CPU_PACKED_WEIGHTS", pack ? "1" : "0", 1);
     struct cllm_backend *mapped = make(threads), *copying = NULL;
@@ -317,23 +317,26 @@ static void test_packed_weights(int threads, bool pack)
                                      CLLM_CPU_WEIGHTS_STORED, UINT64_MAX, false};
     CHECK(mapped && cllm_backend_new(&copying, &o, NULL, 0) == CLLM_OK);
     unsetenv("CLLM_CPU_PACKED_WEIGHTS");
-    enum { K = 512, N = 48, ROW = K / 256 * 144 };
-    uint8_t *data = malloc((size_t)N * ROW);
-    for (int i = 0; i < N * ROW; i++)
+    const bool q4 = type == CLLM_DTYPE_Q4_K;
+    enum { K = 512, N = 48 };
+    const int bsize = q4 ? 144 : 210, row = K / 256 * bsize;
+    uint8_t *data = malloc((size_t)N * row);
+    for (int i = 0; i < N * row; i++)
         data[i] = (uint8_t)(frand() * 128.0f + 128.0f);
-    for (int b = 0; b < N * K / 256; b++) { /* sane d and dmin */
+    for (int b = 0; b < N * K / 256; b++) { /* sane scales: Q4_K's d and dmin, Q6_K's d */
         const uint16_t d = cllm_f32_to_f16(frand() * 0.01f), dmin = cllm_f32_to_f16(0.002f);
-        memcpy(data + b * 144, &d, 2);
-        memcpy(data + b * 144 + 2, &dmin, 2);
+        memcpy(data + b * bsize + (q4 ? 0 : 208), &d, 2);
+        if (q4)
+            memcpy(data + b * bsize + 2, &dmin, 2);
     }
-    uint8_t *orig = malloc((size_t)N * ROW);
-    memcpy(orig, data, (size_t)N * ROW);
-    const struct cllm_tensor t = {"m", CLLM_DTYPE_Q4_K, 2, {K, N, 1, 1}, (uint64_t)N * ROW, data};
+    uint8_t *orig = malloc((size_t)N * row);
+    memcpy(orig, data, (size_t)N * row);
+    const struct cllm_tensor t = {"m", type, 2, {K, N, 1, 1}, (uint64_t)N * row, data};
     struct cllm_weight w0, w1;
     if (mapped && copying) {
         CHECK(mapped->iface->weight_init(mapped, &t, &w0, NULL, 0) == CLLM_OK);
         CHECK(copying->iface->weight_init(copying, &t, &w1, NULL, 0) == CLLM_OK);
-        const bool packs = pack && cllm_cpu_matmul_packs(CLLM_DTYPE_Q4_K, K, N);
+        const bool packs = pack && cllm_cpu_matmul_packs(type, K, N);
         CHECKF(w0.layout == 0 && (w1.layout != 0) == packs, "layout %d, packs %d", w1.layout,
                packs);
         CHECK(w1.data != data && (memcmp(w1.data, data, t.nbytes) != 0) == packs);
@@ -353,7 +356,7 @@ static void test_packed_weights(int threads, bool pack)
         copying->iface->weight_free(copying, &w1);
         free(x);
     }
-    CHECK(memcmp(orig, data, (size_t)N * ROW) == 0); /* the file's bytes, untouched */
+    CHECK(memcmp(orig, data, (size_t)N * row) == 0); /* the file's bytes, untouched */
     cllm_backend_free(mapped);
     cllm_backend_free(copying);
     free(data);
@@ -459,9 +462,10 @@ int main(void)
     test_copied_weights(1, UINT64_MAX);
     test_copied_weights(2, UINT64_MAX);
     test_copied_weights(2, 4096);
-    test_packed_weights(1, true);
-    test_packed_weights(3, true);
-    test_packed_weights(2, false);
+    test_packed_weights(CLLM_DTYPE_Q4_K, 1, true);
+    test_packed_weights(CLLM_DTYPE_Q4_K, 3, true);
+    test_packed_weights(CLLM_DTYPE_Q4_K, 2, false);
+    test_packed_weights(CLLM_DTYPE_Q6_K, 2, true);
     struct cllm_backend *be = make(1);
     CHECK(be != NULL);
     if (be) {

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "backend/cpu/matmul.h"
-#include "backend/cpu/pack_q4k.h"
+#include "backend/cpu/pack_x16.h"
 #include "backend/cpu/ref.h"
 #include "backend/cpu/threadpool.h"
 #include "core/alloc.h"
@@ -148,8 +148,8 @@ static void copy_task(void *ctx, int ith, int nth)
         memcpy(j->dst + from, j->src + from, to - from);
 }
 
-/* w's layout where its rows are packed (pack_q4k.h). */
-#define LAYOUT_Q4_K_X16 1
+/* w's layout where its rows are packed (pack_x16.h). */
+#define LAYOUT_X16 1
 
 struct pack_job {
     uint8_t *dst;
@@ -162,12 +162,13 @@ static void pack_task(void *ctx, int ith, int nth)
     struct pack_job *j = ctx;
     int64_t a, b;
     cllm_split_rows(j->t->ne[1] / CLLM_PACK_ROWS, ith, nth, &a, &b);
-    cllm_q4_k_x16_pack(j->t->data, j->t->ne[0], a * CLLM_PACK_ROWS, b * CLLM_PACK_ROWS, j->dst);
+    cllm_x16_pack(j->t->dtype, j->t->data, j->t->ne[0], a * CLLM_PACK_ROWS, b * CLLM_PACK_ROWS,
+                  j->dst);
 }
 
 /* w (a matrix) becomes an owned copy of t in memory from cllm_alloc_streamed, copied on the
  * pool's threads (each thread's first touch of its pages, which the kernel then clears and
- * maps), if it fits what is left of the copy budget; packed (pack_q4k.h) where the kernels
+ * maps), if it fits what is left of the copy budget; packed (pack_x16.h) where the kernels
  * multiply it faster so. Else, or without the memory, w stays on the mapped file: slower,
  * never wrong. */
 static void copy_weight(struct cpu *c, const struct cllm_tensor *t, struct cllm_weight *w)
@@ -191,7 +192,7 @@ static void copy_weight(struct cpu *c, const struct cllm_tensor *t, struct cllm_
     if (c->pack && cllm_cpu_matmul_packs(t->dtype, t->ne[0], t->ne[1])) {
         struct pack_job j = {p, t};
         cllm_threadpool_run(tp, pack_task, &j);
-        w->layout = LAYOUT_Q4_K_X16;
+        w->layout = LAYOUT_X16;
     } else {
         struct copy_job j = {p, t->data, (size_t)t->nbytes};
         cllm_threadpool_run(tp, copy_task, &j);
@@ -273,7 +274,7 @@ static void embed_task(void *arg, int ith, int nth)
     for (int64_t i = s; i < e; i++) {
         const char *src = (const char *)j->w->data + (uint64_t)j->tokens[i] * j->row_bytes;
         float *out = j->out + i * K;
-        if (j->w->layout != LAYOUT_Q4_K_X16) {
+        if (j->w->layout != LAYOUT_X16) {
             cllm_dequant_row(j->w->dtype, src, out, K);
             continue;
         }
@@ -281,11 +282,12 @@ static void embed_task(void *arg, int ith, int nth)
         const uint8_t *group =
             (const uint8_t *)j->w->data +
             (uint64_t)(j->tokens[i] / CLLM_PACK_ROWS * CLLM_PACK_ROWS) * j->row_bytes;
+        const size_t bsize = (size_t)j->row_bytes / (size_t)(K / CLLM_QK_K);
         for (int64_t b = 0; b < K / CLLM_QK_K; b++) {
-            struct cllm_block_q4_k blk;
-            cllm_q4_k_x16_unpack_block(group + (size_t)b * sizeof(struct cllm_q4_k_x16),
-                                       j->tokens[i] % CLLM_PACK_ROWS, &blk);
-            cllm_dequant_row(CLLM_DTYPE_Q4_K, &blk, out + b * CLLM_QK_K, CLLM_QK_K);
+            uint8_t blk[sizeof(struct cllm_block_q6_k)];
+            cllm_x16_unpack_block(j->w->dtype, group + (size_t)b * CLLM_PACK_ROWS * bsize,
+                                  j->tokens[i] % CLLM_PACK_ROWS, blk);
+            cllm_dequant_row(j->w->dtype, blk, out + b * CLLM_QK_K, CLLM_QK_K);
         }
     }
 }
@@ -387,7 +389,7 @@ static enum cllm_status cpu_matmul(struct cllm_backend *be, const struct cllm_we
     }
     const struct cllm_tensor wt = weight_tensor(w);
     enum cllm_status st =
-        w->layout == LAYOUT_Q4_K_X16
+        w->layout == LAYOUT_X16
             ? cllm_cpu_matmul_packed(c->tp, &wt, x, n, y, ldy, c->scratch, c->scratch_size)
             : cllm_cpu_matmul(c->tp, &wt, x, n, y, ldy, c->scratch, c->scratch_size);
     if (st || !bias)

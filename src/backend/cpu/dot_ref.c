@@ -9,7 +9,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "backend/cpu/pack_q4k.h"
+#include "backend/cpu/pack_x16.h"
 #include "backend/cpu/quant_dot.h"
 #include "backend/cpu/ref.h"
 #include "core/f16.h"
@@ -118,28 +118,6 @@ static void dot_q45_k(const uint8_t *w, int64_t nb, const struct cllm_act_view *
     store_tile(acc, nt, y, ldy);
 }
 
-/* Q4_K rows packed 16 at a time (pack_q4k.h): each row's blocks taken back out of their records
- * one at a time, then the row kernel's arithmetic. The reference of the packed kernels, and
- * what families without one of their own run. */
-void cllm_dot_q4_k_x16_ref(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
-                           const struct cllm_act_view *a, int nt, float *y, int64_t ldy)
-{
-    struct cllm_act_tile tk;
-    cllm_act_tile_init(&tk, a, nt);
-    const int64_t nb = K / CLLM_QK_K;
-    for (int64_t r = 0; r < nr; r++) {
-        const uint8_t *group = w + (size_t)(r / CLLM_PACK_ROWS * CLLM_PACK_ROWS) * row_bytes;
-        float acc[TILE] = {0};
-        for (int64_t b = 0; b < nb; b++) {
-            struct cllm_block_q4_k blk;
-            cllm_q4_k_x16_unpack_block(group + (size_t)b * sizeof(struct cllm_q4_k_x16),
-                                       (int)(r % CLLM_PACK_ROWS), &blk);
-            q45_k_block((const uint8_t *)&blk, b, &tk, nt, acc, 0);
-        }
-        store_tile(acc, nt, y + r, ldy);
-    }
-}
-
 static void dot_q4_k(const void *w, int64_t K, const struct cllm_act_view *a, int nt, float *y,
                      int64_t ldy)
 {
@@ -154,6 +132,40 @@ static void dot_q5_k(const void *w, int64_t K, const struct cllm_act_view *a, in
 
 /* Q6_K: isum = sum_j sc[j] * (q . x over 16-element group j) - 32 * sum_j sc[j] * xsum[j], the
  * second term folding the -32 offset in through the activation group sums. */
+/* Block b (at src) of a Q6_K row, for the tile's nt tokens. */
+static void q6_k_block(const uint8_t *src, int64_t b, const struct cllm_act_tile *tk, int nt,
+                       float *acc)
+{
+    struct cllm_block_q6_k blk;
+    memcpy(&blk, src, sizeof blk);
+    uint8_t q[CLLM_QK_K];
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = blk.ql + 64 * h, *qh = blk.qh + 32 * h;
+        uint8_t *out = q + 128 * h;
+        for (int l = 0; l < 32; l++) {
+            out[l] = (uint8_t)((ql[l] & 0x0f) | ((qh[l] & 3) << 4));
+            out[l + 32] = (uint8_t)((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4));
+            out[l + 64] = (uint8_t)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+            out[l + 96] = (uint8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+        }
+    }
+    const float d = cllm_f16_to_f32(blk.d);
+    for (int t = 0; t < nt; t++) {
+        const int8_t *x = tk->qs[t] + b * CLLM_QK_K;
+        const int16_t *bs = tk->sums + (b * tk->step + t) * 16;
+        int32_t isum = 0, corr = 0;
+        for (int j = 0; j < 16; j++) {
+            int32_t s = 0;
+            for (int l = 0; l < 16; l++)
+                s += q[16 * j + l] * x[16 * j + l];
+            isum += blk.scales[j] * s;
+            corr += blk.scales[j] * bs[j];
+        }
+        isum -= 32 * corr;
+        acc[t] = acc[t] + (tk->d[b * tk->step + t] * d) * (float)isum;
+    }
+}
+
 static void dot_q6_k(const void *w, int64_t K, const struct cllm_act_view *a, int nt, float *y,
                      int64_t ldy)
 {
@@ -161,37 +173,47 @@ static void dot_q6_k(const void *w, int64_t K, const struct cllm_act_view *a, in
     cllm_act_tile_init(&tk, a, nt);
     float acc[TILE] = {0};
     const uint8_t *src = w;
-    for (int64_t b = 0; b < K / CLLM_QK_K; b++, src += sizeof(struct cllm_block_q6_k)) {
-        struct cllm_block_q6_k blk;
-        memcpy(&blk, src, sizeof blk);
-        uint8_t q[CLLM_QK_K];
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *ql = blk.ql + 64 * h, *qh = blk.qh + 32 * h;
-            uint8_t *out = q + 128 * h;
-            for (int l = 0; l < 32; l++) {
-                out[l] = (uint8_t)((ql[l] & 0x0f) | ((qh[l] & 3) << 4));
-                out[l + 32] = (uint8_t)((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4));
-                out[l + 64] = (uint8_t)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
-                out[l + 96] = (uint8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
-            }
-        }
-        const float d = cllm_f16_to_f32(blk.d);
-        for (int t = 0; t < nt; t++) {
-            const int8_t *x = tk.qs[t] + b * CLLM_QK_K;
-            const int16_t *bs = tk.sums + (b * tk.step + t) * 16;
-            int32_t isum = 0, corr = 0;
-            for (int j = 0; j < 16; j++) {
-                int32_t s = 0;
-                for (int l = 0; l < 16; l++)
-                    s += q[16 * j + l] * x[16 * j + l];
-                isum += blk.scales[j] * s;
-                corr += blk.scales[j] * bs[j];
-            }
-            isum -= 32 * corr;
-            acc[t] = acc[t] + (tk.d[b * tk.step + t] * d) * (float)isum;
-        }
-    }
+    for (int64_t b = 0; b < K / CLLM_QK_K; b++, src += sizeof(struct cllm_block_q6_k))
+        q6_k_block(src, b, &tk, nt, acc);
     store_tile(acc, nt, y, ldy);
+}
+
+/* K-quant rows packed 16 at a time (pack_x16.h): each row's blocks taken back out of their
+ * records one at a time, then the row kernel's arithmetic. The reference of the packed kernels,
+ * and what families without one of their own run. */
+static void dot_x16_ref(enum cllm_dtype type, const uint8_t *w, size_t row_bytes, int64_t nr,
+                        int64_t K, const struct cllm_act_view *a, int nt, float *y, int64_t ldy)
+{
+    struct cllm_act_tile tk;
+    cllm_act_tile_init(&tk, a, nt);
+    const int64_t nb = K / CLLM_QK_K;
+    const size_t bsize = row_bytes / (size_t)nb;
+    for (int64_t r = 0; r < nr; r++) {
+        const uint8_t *group = w + (size_t)(r / CLLM_PACK_ROWS * CLLM_PACK_ROWS) * row_bytes;
+        float acc[TILE] = {0};
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t blk[sizeof(struct cllm_block_q6_k)];
+            cllm_x16_unpack_block(type, group + (size_t)b * CLLM_PACK_ROWS * bsize,
+                                  (int)(r % CLLM_PACK_ROWS), blk);
+            if (type == CLLM_DTYPE_Q4_K)
+                q45_k_block(blk, b, &tk, nt, acc, 0);
+            else
+                q6_k_block(blk, b, &tk, nt, acc);
+        }
+        store_tile(acc, nt, y + r, ldy);
+    }
+}
+
+void cllm_dot_q4_k_x16_ref(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
+                           const struct cllm_act_view *a, int nt, float *y, int64_t ldy)
+{
+    dot_x16_ref(CLLM_DTYPE_Q4_K, w, row_bytes, nr, K, a, nt, y, ldy);
+}
+
+void cllm_dot_q6_k_x16_ref(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
+                           const struct cllm_act_view *a, int nt, float *y, int64_t ldy)
+{
+    dot_x16_ref(CLLM_DTYPE_Q6_K, w, row_bytes, nr, K, a, nt, y, ldy);
 }
 
 /* --- legacy 32-blocks against Q8_0-style activations --- */

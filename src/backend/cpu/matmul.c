@@ -20,7 +20,7 @@
 #include <cpuid.h>
 #endif
 
-#include "backend/cpu/pack_q4k.h"
+#include "backend/cpu/pack_x16.h"
 #include "backend/cpu/quant_dot.h"
 #include "core/alloc.h"
 #include "core/log.h"
@@ -282,8 +282,16 @@ static void dot_task(void *ctx, int ith, int nth)
 
 bool cllm_cpu_matmul_packs(enum cllm_dtype t, int64_t K, int64_t N)
 {
-    return kernels()->dot_q4_k_x16 && t == CLLM_DTYPE_Q4_K && K > 0 && K % CLLM_QK_K == 0 &&
-           N > 0 && N % CLLM_PACK_ROWS == 0;
+    return cllm_x16_packs(t) && kernels()->dot_x16[t] && K > 0 && K % CLLM_QK_K == 0 && N > 0 &&
+           N % CLLM_PACK_ROWS == 0;
+}
+
+/* The kernel family's kernel for packed rows of dtype t, else the reference. */
+static cllm_dot_rows_fn packed_kernel(const struct cllm_matmul_kernels *k, enum cllm_dtype t)
+{
+    if (k->dot_x16[t])
+        return k->dot_x16[t];
+    return t == CLLM_DTYPE_Q4_K ? cllm_dot_q4_k_x16_ref : cllm_dot_q6_k_x16_ref;
 }
 
 /* cllm_cpu_matmul, or (packed) cllm_cpu_matmul_packed. */
@@ -293,7 +301,7 @@ static enum cllm_status matmul(struct cllm_threadpool *tp, const struct cllm_ten
 {
     if (!w || !x || !y || n_tokens < 0)
         return CLLM_ERR_INVALID_ARG;
-    if (packed && (w->dtype != CLLM_DTYPE_Q4_K || w->ne[1] % CLLM_PACK_ROWS != 0))
+    if (packed && (!cllm_x16_packs(w->dtype) || w->ne[1] % CLLM_PACK_ROWS != 0))
         return CLLM_ERR_INVALID_ARG;
     const struct cllm_dtype_traits *tr = cllm_dtype_traits(w->dtype);
     const int64_t K = w->ne[0], N = w->ne[1];
@@ -316,7 +324,7 @@ static enum cllm_status matmul(struct cllm_threadpool *tp, const struct cllm_ten
     struct mm_job j = {
         .dot = k->dot[w->dtype],
         .dot_rows = k->dot_rows[w->dtype],
-        .dot_rows1 = packed          ? (k->dot_q4_k_x16 ? k->dot_q4_k_x16 : cllm_dot_q4_k_x16_ref)
+        .dot_rows1 = packed          ? packed_kernel(k, w->dtype)
                      : n_tokens == 1 ? k->dot_rows1[w->dtype]
                                      : NULL,
         .quant = k->quant[kind],

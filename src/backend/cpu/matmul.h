@@ -41,10 +41,10 @@ enum cllm_status cllm_cpu_matmul(struct cllm_threadpool *tp, const struct cllm_t
                                  void *scratch, size_t scratch_size);
 
 /* Whether the kernel family now chosen multiplies a matrix of this dtype and shape (K-element
- * rows, N of them) faster packed (pack_q4k.h: Q4_K, 16 rows at a time; N a multiple of 16): the
- * CPU backend then packs it at load and multiplies it with cllm_cpu_matmul_packed. */
+ * rows, N of them) faster packed (pack_x16.h: Q4_K or Q6_K, 16 rows at a time; N a multiple of
+ * 16): the CPU backend then packs it at load and multiplies it with cllm_cpu_matmul_packed. */
 bool cllm_cpu_matmul_packs(enum cllm_dtype t, int64_t K, int64_t N);
-/* cllm_cpu_matmul for a Q4_K matrix packed by cllm_q4_k_x16_pack (w's shape and bytes as the
+/* cllm_cpu_matmul for a matrix packed by cllm_x16_pack (w's dtype, shape and size as the
  * file's; its data packed): the same results, bit for bit, under any kernel family. */
 enum cllm_status cllm_cpu_matmul_packed(struct cllm_threadpool *tp, const struct cllm_tensor *w,
                                         const float *x, int64_t n_tokens, float *y, int64_t ldy,

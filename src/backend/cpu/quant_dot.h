@@ -126,10 +126,10 @@ struct cllm_matmul_kernels {
     /* By quantized weight dtype, optional: a lone token (a call of n_tokens = 1, nt = 1,
      * y[r] for r < nr) against a block of rows, the same bits as dot's row by row. */
     cllm_dot_rows_fn dot_rows1[CLLM_DTYPE_COUNT];
-    /* Optional: Q4_K rows packed 16 at a time (pack_q4k.h), nr rows (a multiple of 16, w at a
-     * group's first) against a tile of nt tokens, the same bits as dot[Q4_K] row by row. A
-     * family that has one gets its Q4_K matrices packed at load (cllm_cpu_matmul_packs). */
-    cllm_dot_rows_fn dot_q4_k_x16;
+    /* Optional, by K-quant dtype: rows packed 16 at a time (pack_x16.h), nr rows (a multiple of
+     * 16, w at a group's first) against a tile of nt tokens, the same bits as dot[] row by row.
+     * A family that has one gets such matrices packed at load (cllm_cpu_matmul_packs). */
+    cllm_dot_rows_fn dot_x16[CLLM_DTYPE_COUNT];
     cllm_to_bf16_fn to_bf16; /* NULL: every float weight takes F32 activations */
     /* The family's kernels beyond matmul (attend.h), chosen with it. */
     cllm_attend_fn attend;
@@ -210,9 +210,11 @@ static inline void cllm_k_scales_unpack(const uint8_t s[12], uint8_t sc[8], uint
 }
 
 const struct cllm_matmul_kernels *cllm_matmul_kernels_scalar(void);
-/* The packed Q4_K kernel's reference (dot_ref.c), which families without one of their own run
- * on matrices packed while another family was active (tests, CLLM_CPU_ISA's choice aside). */
+/* The packed kernels' references (dot_ref.c), which families without their own run on
+ * matrices packed while another family was active (tests, CLLM_CPU_ISA's choice aside). */
 void cllm_dot_q4_k_x16_ref(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
+                           const struct cllm_act_view *a, int nt, float *y, int64_t ldy);
+void cllm_dot_q6_k_x16_ref(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
                            const struct cllm_act_view *a, int nt, float *y, int64_t ldy);
 #if defined(__x86_64__) || defined(__i386__)
 /* Only to be used after a run-time check for AVX2 + FMA + F16C. */
@@ -223,7 +225,7 @@ const struct cllm_matmul_kernels *cllm_matmul_kernels_avx2(void);
  * as well. */
 void cllm_matmul_kernels_add_avx512(struct cllm_matmul_kernels *k);
 void cllm_matmul_kernels_add_avx512vnni(struct cllm_matmul_kernels *k);
-/* The VNNI family's kernel for packed Q4_K rows (packed_avx512vnni.c; called by the above). */
+/* The VNNI family's kernels for packed K-quant rows (packed_avx512vnni.c; called by the above). */
 void cllm_matmul_kernels_add_packed_avx512vnni(struct cllm_matmul_kernels *k);
 void cllm_matmul_kernels_add_avx512bf16(struct cllm_matmul_kernels *k);
 #endif
