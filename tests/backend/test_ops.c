@@ -363,6 +363,38 @@ static void test_packed_weights(enum cllm_dtype type, int threads, bool pack)
     free(orig);
 }
 
+/* --cpu-weights q6_k: the quantized copy of a float matrix is packed too where the kernels
+ * multiply it so, and multiplies to the bits of the same quantization left in the file's layout
+ * (CLLM_CPU_PACKED_WEIGHTS=0). */
+static void test_quantized_packed(void)
+{
+    enum { K = 512, N = 32, n = 3 };
+    float *data = randv(K * N, 1), *x = randv(K * n, 1), y[2][N * n];
+    const struct cllm_tensor t = {"m", CLLM_DTYPE_F32, 2, {K, N, 1, 1}, (uint64_t)K * N * 4, data};
+    for (int pack = 0; pack < 2; pack++) {
+        setenv("CLLM_CPU_PACKED_WEIGHTS", pack ? "1" : "0", 1);
+        struct cllm_backend *be = NULL;
+        struct cllm_backend_options o = {CLLM_BACKEND_CPU,      2,          0,
+                                         CLLM_CPU_WEIGHTS_Q6_K, UINT64_MAX, false};
+        CHECK(cllm_backend_new(&be, &o, NULL, 0) == CLLM_OK);
+        unsetenv("CLLM_CPU_PACKED_WEIGHTS");
+        struct cllm_weight w;
+        if (!be || be->iface->weight_init(be, &t, &w, NULL, 0) != CLLM_OK) {
+            CHECK(false);
+            cllm_backend_free(be);
+            continue;
+        }
+        CHECK(w.dtype == CLLM_DTYPE_Q6_K);
+        CHECK((w.layout != 0) == (pack && cllm_cpu_matmul_packs(CLLM_DTYPE_Q6_K, K, N)));
+        CHECK(be->iface->matmul(be, &w, NULL, x, n, y[pack], N) == CLLM_OK);
+        be->iface->weight_free(be, &w);
+        cllm_backend_free(be);
+    }
+    CHECK(memcmp(y[0], y[1], sizeof y[0]) == 0);
+    free(data);
+    free(x);
+}
+
 /* e^x and SiLU at the edges of float, through the chosen family's kernel: against a double
  * reference within 2e-6 relative (a few ulp), infinities and NaN where it has them. */
 static void test_silu_edges(void)
@@ -466,6 +498,7 @@ int main(void)
     test_packed_weights(CLLM_DTYPE_Q4_K, 3, true);
     test_packed_weights(CLLM_DTYPE_Q4_K, 2, false);
     test_packed_weights(CLLM_DTYPE_Q6_K, 2, true);
+    test_quantized_packed();
     struct cllm_backend *be = make(1);
     CHECK(be != NULL);
     if (be) {

@@ -153,7 +153,9 @@ static void copy_task(void *ctx, int ith, int nth)
 
 struct pack_job {
     uint8_t *dst;
-    const struct cllm_tensor *t;
+    const void *src;
+    enum cllm_dtype dtype;
+    int64_t K, N;
 };
 
 /* The threads' shares are whole groups of packed rows. */
@@ -161,9 +163,17 @@ static void pack_task(void *ctx, int ith, int nth)
 {
     struct pack_job *j = ctx;
     int64_t a, b;
-    cllm_split_rows(j->t->ne[1] / CLLM_PACK_ROWS, ith, nth, &a, &b);
-    cllm_x16_pack(j->t->dtype, j->t->data, j->t->ne[0], a * CLLM_PACK_ROWS, b * CLLM_PACK_ROWS,
-                  j->dst);
+    cllm_split_rows(j->N / CLLM_PACK_ROWS, ith, nth, &a, &b);
+    cllm_x16_pack(j->dtype, j->src, j->K, a * CLLM_PACK_ROWS, b * CLLM_PACK_ROWS, j->dst);
+}
+
+/* The N rows of K elements of dtype t at src, packed into dst (pack_x16.h), on the pool's
+ * threads where there are enough of them. */
+static void pack_rows(struct cpu *c, enum cllm_dtype t, const void *src, int64_t K, int64_t N,
+                      uint64_t bytes, uint8_t *dst)
+{
+    struct pack_job j = {dst, src, t, K, N};
+    cllm_threadpool_run(bytes < MIN_PARALLEL_COPY_BYTES ? NULL : c->tp, pack_task, &j);
 }
 
 /* w (a matrix) becomes an owned copy of t in memory from cllm_alloc_streamed, copied on the
@@ -188,20 +198,20 @@ static void copy_weight(struct cpu *c, const struct cllm_tensor *t, struct cllm_
         cllm_log(CLLM_LOG_DEBUG, "cpu: no memory to copy tensor %s: used from the file", t->name);
         return;
     }
-    struct cllm_threadpool *tp = t->nbytes < MIN_PARALLEL_COPY_BYTES ? NULL : c->tp;
     if (c->pack && cllm_cpu_matmul_packs(t->dtype, t->ne[0], t->ne[1])) {
-        struct pack_job j = {p, t};
-        cllm_threadpool_run(tp, pack_task, &j);
+        pack_rows(c, t->dtype, t->data, t->ne[0], t->ne[1], t->nbytes, p);
         w->layout = LAYOUT_X16;
     } else {
         struct copy_job j = {p, t->data, (size_t)t->nbytes};
-        cllm_threadpool_run(tp, copy_task, &j);
+        cllm_threadpool_run(t->nbytes < MIN_PARALLEL_COPY_BYTES ? NULL : c->tp, copy_task, &j);
     }
     w->data = p;
     c->copy_budget -= t->nbytes;
 }
 
-/* w (a float matrix) becomes an owned Q6_K copy of t, quantized on the pool's threads. */
+/* w (a float matrix) becomes an owned Q6_K copy of t, quantized on the pool's threads, and
+ * packed where the kernels multiply it faster so (with the memory for a second copy a while;
+ * else it stays in the file's layout). */
 static enum cllm_status quantize_q6_k(struct cpu *c, const struct cllm_tensor *t,
                                       struct cllm_weight *w, char *err, size_t err_len)
 {
@@ -221,6 +231,14 @@ static enum cllm_status quantize_q6_k(struct cpu *c, const struct cllm_tensor *t
     }
     w->data = q;
     w->dtype = CLLM_DTYPE_Q6_K;
+    uint8_t *p;
+    if (c->pack && cllm_cpu_matmul_packs(CLLM_DTYPE_Q6_K, t->ne[0], t->ne[1]) &&
+        (p = cllm_alloc_streamed((size_t)bytes))) {
+        pack_rows(c, CLLM_DTYPE_Q6_K, q, t->ne[0], t->ne[1], bytes, p);
+        free(q);
+        w->data = p;
+        w->layout = LAYOUT_X16;
+    }
     return CLLM_OK;
 }
 
