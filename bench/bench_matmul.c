@@ -7,7 +7,8 @@
  * F32/F16/BF16 weights cover the float paths (also the 1.5B model's FFN shapes in BF16, and the
  * same quantized to Q6_K as --cpu-weights q6_k does, and in Q8_0); the float ones run under each
  * family whose kernels for them differ (AVX-512 BF16's, AVX-512's 16 lanes, AVX2's), side by side,
- * and on a CPU with AVX-512 VNNI the 8-bit ones also under AVX2's. Weights streamed from memory for
+ * and on a CPU with AVX-512 VNNI the 8-bit ones also under AVX2's, and K-quants packed 16 rows at
+ * a time where the kernels take them so (pack_x16.h). Weights streamed from memory for
  * 8 and 32 tokens (every layer's K-quant tensors, BF16 matrices larger than the L3) run with the
  * kernels' fetch-ahead on and off. Times are medians of repeated calls. Usage: bench_matmul
  * [model.gguf] [max_threads]
@@ -19,6 +20,7 @@
 #include <time.h>
 
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/pack_x16.h"
 #include "backend/cpu/threadpool.h"
 #include "core/f16.h"
 #include "model/gguf.h"
@@ -89,16 +91,18 @@ static double read_bandwidth(struct cllm_threadpool *tp, size_t bytes)
 /* Seconds per call: the median of repeated runs (and the fastest in *best), cycling over the n
  * weights. On a shared machine the fastest run is the better estimate of the code's speed. */
 static double time_matmul(struct cllm_threadpool *tp, const struct cllm_tensor *const *w, int n,
-                          const float *x, int64_t nt, float *y, void *scratch, size_t ss,
-                          double *best)
+                          bool packed, const float *x, int64_t nt, float *y, void *scratch,
+                          size_t ss, double *best)
 {
     double times[4096];
     int reps = 0;
     double start = now();
     while (reps < 4096 && (reps < 3 || now() - start < MIN_SECONDS)) {
         double t0 = now();
-        enum cllm_status st =
-            cllm_cpu_matmul(tp, w[reps % n], x, nt, y, w[reps % n]->ne[1], scratch, ss);
+        const struct cllm_tensor *wt = w[reps % n];
+        enum cllm_status st = packed
+                                  ? cllm_cpu_matmul_packed(tp, wt, x, nt, y, wt->ne[1], scratch, ss)
+                                  : cllm_cpu_matmul(tp, wt, x, nt, y, wt->ne[1], scratch, ss);
         times[reps++] = now() - t0;
         if (st != CLLM_OK) {
             fprintf(stderr, "matmul failed: %d\n", st);
@@ -116,7 +120,7 @@ static double time_matmul(struct cllm_threadpool *tp, const struct cllm_tensor *
 }
 
 static void bench_tensor(struct cllm_threadpool *tp, const char *label,
-                         const struct cllm_tensor *const *w, int n, int64_t nt)
+                         const struct cllm_tensor *const *w, int n, bool packed, int64_t nt)
 {
     const int64_t K = w[0]->ne[0], N = w[0]->ne[1];
     float *x = malloc(sizeof(float) * K * nt);
@@ -132,7 +136,7 @@ static void bench_tensor(struct cllm_threadpool *tp, const char *label,
     for (int64_t i = 0; i < K * nt; i++)
         x[i] = (float)rand() / (float)RAND_MAX - 0.5f;
     double best;
-    double t = time_matmul(tp, w, n, x, nt, y, scratch, ss, &best);
+    double t = time_matmul(tp, w, n, packed, x, nt, y, scratch, ss, &best);
     double flops = 2.0 * (double)K * (double)N * (double)nt;
     printf("%-24s %-4s %5lld x %-6lld tokens %3lld  threads %d  %8.3f ms (min %8.3f)  "
            "%6.1f GFLOP/s  %6.2f GB/s weights (at min: %6.1f, %6.2f)\n",
@@ -146,17 +150,37 @@ static void bench_tensor(struct cllm_threadpool *tp, const char *label,
 }
 
 /* bench_tensor under this CPU's kernels and, where vnni (its family has AVX-512 VNNI's), at
- * once under AVX2's: a moment apart, as this VM's speed drifts by 10-20% over minutes. Labels
- * end in the family. */
+ * once under AVX2's: a moment apart, as this VM's speed drifts by 10-20% over minutes; and
+ * where this CPU's kernels multiply the weights packed (pack_x16.h), first packed as the CPU
+ * backend packs them at load. Labels end in the family ("packed" added). */
 static void bench_families(struct cllm_threadpool *tp, const char *what,
                            const struct cllm_tensor *const *w, int n, int64_t nt, bool vnni)
 {
     const char *best = cllm_cpu_matmul_isa();
+    char label[64];
+    if (cllm_cpu_matmul_packs(w[0]->dtype, w[0]->ne[0], w[0]->ne[1])) {
+        struct cllm_tensor *packed = calloc((size_t)n, sizeof *packed);
+        const struct cllm_tensor **pw = calloc((size_t)n, sizeof *pw);
+        for (int i = 0; i < n; i++) {
+            void *data = malloc(w[i]->nbytes);
+            if (!packed || !pw || !data)
+                exit(1);
+            cllm_x16_pack(w[i]->dtype, w[i]->data, w[i]->ne[0], 0, w[i]->ne[1], data);
+            packed[i] = *w[i];
+            packed[i].data = data;
+            pw[i] = &packed[i];
+        }
+        snprintf(label, sizeof label, "%s %s packed", what, best);
+        bench_tensor(tp, label, pw, n, true, nt);
+        for (int i = 0; i < n; i++)
+            free((void *)packed[i].data);
+        free(packed);
+        free(pw);
+    }
     for (int v = 0; v < (vnni ? 2 : 1); v++) {
-        char label[64];
         cllm_cpu_matmul_use_isa(v ? "avx2" : best);
         snprintf(label, sizeof label, "%s %s", what, cllm_cpu_matmul_isa());
-        bench_tensor(tp, label, w, n, nt);
+        bench_tensor(tp, label, w, n, false, nt);
     }
     cllm_cpu_matmul_use_isa(best);
 }
@@ -322,9 +346,9 @@ int main(int argc, char **argv)
                 char label[64];
                 cllm_cpu_matmul_use_isa(fam[v]);
                 snprintf(label, sizeof label, "decode synth %s", cllm_cpu_matmul_isa());
-                bench_tensor(tp, label, &t, 1, 1);
+                bench_tensor(tp, label, &t, 1, false, 1);
                 snprintf(label, sizeof label, "prefill synth %s", cllm_cpu_matmul_isa());
-                bench_tensor(tp, label, &t, 1, 64);
+                bench_tensor(tp, label, &t, 1, false, 64);
             }
             cllm_cpu_matmul_use_isa(isa);
         }
@@ -352,7 +376,7 @@ int main(int argc, char **argv)
                         cllm_cpu_matmul_fetch_ahead(on);
                         snprintf(label, sizeof label, "fetch-ahead %-3s %s", on ? "on" : "off",
                                  cllm_cpu_matmul_isa());
-                        bench_tensor(tp, label, streamed[f].w, streamed[f].n, nt);
+                        bench_tensor(tp, label, streamed[f].w, streamed[f].n, false, nt);
                     }
                 }
         }
