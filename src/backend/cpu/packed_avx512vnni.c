@@ -38,6 +38,23 @@ INLINE __m512i bcast4(const void *p)
     return _mm512_set1_epi32(v);
 }
 
+/* 16 rows' F16 values at p, widened. */
+INLINE __m512 f16x16(const uint16_t *p)
+{
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p));
+}
+
+/* Each lane's sum over jj < 8 of its int16 pair pairs[jj] times a token's group sums
+ * sums[2jj], sums[2jj + 1]: Q4_K's minimums' term and Q6_K's offset term. */
+INLINE __m512i pair_sums(const __m512i pairs[8], const int16_t *sums)
+{
+    __m512i s = _mm512_setzero_si512();
+    UNROLL
+    for (int jj = 0; jj < 8; jj++)
+        s = _mm512_dpwssd_epi32(s, pairs[jj], bcast4(sums + 2 * jj));
+    return s;
+}
+
 /* The record's 6-bit scales sc[j] as int32 lanes (row r in lane r), and its minimums m[j] as
  * int16 pairs (m, m) per lane, for vpdpwssd against a token's two group sums of sub-block j:
  * cllm_k_scales_unpack on 16 rows at once, four sub-blocks a vector (128-bit part j). */
@@ -110,16 +127,10 @@ INLINE void q4_k_pass(const struct cllm_q4_k_x16 *rec, int64_t nb, const struct 
                     isum[t], _mm512_add_epi32(_mm512_mullo_epi32(lo_sum[t], sc[2 * c]),
                                               _mm512_mullo_epi32(hi_sum[t], sc[2 * c + 1])));
         }
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)rec->d));
-        const __m512 dmin =
-            _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)rec->dmin));
+        const __m512 d = f16x16(rec->d), dmin = f16x16(rec->dmin);
         UNROLL
         for (int t = 0; t < NS; t++) {
-            const int16_t *sums = tk->sums + (b * tk->step + t0 + t) * 16;
-            __m512i msum = _mm512_setzero_si512();
-            UNROLL
-            for (int j = 0; j < 8; j++)
-                msum = _mm512_dpwssd_epi32(msum, mins[j], bcast4(sums + 2 * j));
+            const __m512i msum = pair_sums(mins, tk->sums + (b * tk->step + t0 + t) * 16);
             const __m512 dx = _mm512_set1_ps(tk->d[b * tk->step + t0 + t]);
             acc[t] = _mm512_add_ps(
                 acc[t], _mm512_mul_ps(_mm512_mul_ps(dx, d), _mm512_cvtepi32_ps(isum[t])));
@@ -194,14 +205,10 @@ INLINE void q6_k_pass(const struct cllm_q6_k_x16 *rec, int64_t nb, const struct 
         for (int jj = 0; jj < 8; jj++)
             pairs[jj] = _mm512_or_si512(_mm512_and_si512(q6_scale(rec, 2 * jj), low16),
                                         _mm512_slli_epi32(q6_scale(rec, 2 * jj + 1), 16));
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)rec->d));
+        const __m512 d = f16x16(rec->d);
         UNROLL
         for (int t = 0; t < NS; t++) {
-            const int16_t *sums = tk->sums + (b * tk->step + t0 + t) * 16;
-            __m512i corr = _mm512_setzero_si512();
-            UNROLL
-            for (int jj = 0; jj < 8; jj++)
-                corr = _mm512_dpwssd_epi32(corr, pairs[jj], bcast4(sums + 2 * jj));
+            const __m512i corr = pair_sums(pairs, tk->sums + (b * tk->step + t0 + t) * 16);
             const __m512i is = _mm512_sub_epi32(isum[t], _mm512_slli_epi32(corr, 5));
             const __m512 dx = _mm512_set1_ps(tk->d[b * tk->step + t0 + t]);
             acc[t] =
