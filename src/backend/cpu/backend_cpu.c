@@ -297,13 +297,10 @@ static void embed_task(void *arg, int ith, int nth)
             continue;
         }
         /* packed rows: each block back in the file's layout, then dequantized (per block) */
-        const uint8_t *group =
-            (const uint8_t *)j->w->data +
-            (uint64_t)(j->tokens[i] / CLLM_PACK_ROWS * CLLM_PACK_ROWS) * j->row_bytes;
-        const size_t bsize = (size_t)j->row_bytes / (size_t)(K / CLLM_QK_K);
         for (int64_t b = 0; b < K / CLLM_QK_K; b++) {
             uint8_t blk[sizeof(struct cllm_block_q6_k)];
-            cllm_x16_unpack_block(j->w->dtype, group + (size_t)b * CLLM_PACK_ROWS * bsize,
+            cllm_x16_unpack_block(j->w->dtype,
+                                  cllm_x16_record(j->w->dtype, j->w->data, K, j->tokens[i], b),
                                   j->tokens[i] % CLLM_PACK_ROWS, blk);
             cllm_dequant_row(j->w->dtype, blk, out + b * CLLM_QK_K, CLLM_QK_K);
         }

@@ -131,8 +131,8 @@ static void dot_q5_k(const void *w, int64_t K, const struct cllm_act_view *a, in
 }
 
 /* Q6_K: isum = sum_j sc[j] * (q . x over 16-element group j) - 32 * sum_j sc[j] * xsum[j], the
- * second term folding the -32 offset in through the activation group sums. */
-/* Block b (at src) of a Q6_K row, for the tile's nt tokens. */
+ * second term folding the -32 offset in through the activation group sums. Block b (at src) of
+ * a row, for the tile's nt tokens. */
 static void q6_k_block(const uint8_t *src, int64_t b, const struct cllm_act_tile *tk, int nt,
                        float *acc)
 {
@@ -186,14 +186,12 @@ static void dot_x16_ref(enum cllm_dtype type, const uint8_t *w, size_t row_bytes
 {
     struct cllm_act_tile tk;
     cllm_act_tile_init(&tk, a, nt);
-    const int64_t nb = K / CLLM_QK_K;
-    const size_t bsize = row_bytes / (size_t)nb;
+    (void)row_bytes; /* w is a group's first row: records follow from K */
     for (int64_t r = 0; r < nr; r++) {
-        const uint8_t *group = w + (size_t)(r / CLLM_PACK_ROWS * CLLM_PACK_ROWS) * row_bytes;
         float acc[TILE] = {0};
-        for (int64_t b = 0; b < nb; b++) {
+        for (int64_t b = 0; b < K / CLLM_QK_K; b++) {
             uint8_t blk[sizeof(struct cllm_block_q6_k)];
-            cllm_x16_unpack_block(type, group + (size_t)b * CLLM_PACK_ROWS * bsize,
+            cllm_x16_unpack_block(type, cllm_x16_record(type, w, K, r, b),
                                   (int)(r % CLLM_PACK_ROWS), blk);
             if (type == CLLM_DTYPE_Q4_K)
                 q45_k_block(blk, b, &tk, nt, acc, 0);

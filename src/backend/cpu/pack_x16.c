@@ -83,11 +83,16 @@ void cllm_x16_unpack_block(enum cllm_dtype t, const void *rec, int r, void *blk)
     move_block(t, blk, (uint8_t *)(uintptr_t)rec, r, false);
 }
 
+const void *cllm_x16_record(enum cllm_dtype t, const void *base, int64_t K, int64_t row, int64_t b)
+{
+    const int64_t nb = K / CLLM_QK_K;
+    return (const uint8_t *)base + (size_t)(row / CLLM_PACK_ROWS * nb + b) * record_size(t);
+}
+
 void cllm_x16_unpack_row(enum cllm_dtype t, const void *src, int64_t K, int64_t row, void *dst)
 {
-    const int64_t nb = K / CLLM_QK_K, g = row / CLLM_PACK_ROWS;
-    const size_t rs = record_size(t), bs = rs / CLLM_PACK_ROWS;
-    for (int64_t b = 0; b < nb; b++)
-        cllm_x16_unpack_block(t, (const uint8_t *)src + (size_t)(g * nb + b) * rs,
-                              (int)(row % CLLM_PACK_ROWS), (uint8_t *)dst + (size_t)b * bs);
+    const size_t bs = record_size(t) / CLLM_PACK_ROWS;
+    for (int64_t b = 0; b < K / CLLM_QK_K; b++)
+        cllm_x16_unpack_block(t, cllm_x16_record(t, src, K, row, b), (int)(row % CLLM_PACK_ROWS),
+                              (uint8_t *)dst + (size_t)b * bs);
 }

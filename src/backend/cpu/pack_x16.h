@@ -69,6 +69,10 @@ bool cllm_x16_packs(enum cllm_dtype t);
 void cllm_x16_pack(enum cllm_dtype t, const void *src, int64_t K, int64_t r0, int64_t r1,
                    void *dst);
 
+/* The record holding block b of row `row` of a packed matrix (dtype t, base at base,
+ * K-element rows); the row is lane row % 16 of it. */
+const void *cllm_x16_record(enum cllm_dtype t, const void *base, int64_t K, int64_t row, int64_t b);
+
 /* Lane r of the record at rec (dtype t) back into one block of the file's layout. */
 void cllm_x16_unpack_block(enum cllm_dtype t, const void *rec, int r, void *blk);
 
