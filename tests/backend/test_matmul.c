@@ -462,9 +462,77 @@ static void test_errors(void)
 }
 
 /*
+ * Packed K-quant rows at the integer sums' bounds: every quant at its largest (or smallest)
+ * value, every scale at its largest magnitude, and activations that quantize to +127 or -127
+ * everywhere, so every lane's partial sums are as large as they get (the AVX2 kernel adds
+ * int16 pairs across a sub-block: one step more and they would wrap). The packed matmul under
+ * every SIMD family must still give the scalar row kernel's bits (exact integer sums).
+ */
+static void test_packed_extremes(enum cllm_dtype type, const char *const *simd, const bool *has,
+                                 int n_simd)
+{
+    const int64_t K = 512, N = 32;
+    const int nt = 5;
+    /* fill: 0 = quants and scales at their largest, 1 = quants 0 (Q6_K: -32) and Q6_K's
+     * scales at -128 */
+    for (int fill = 0; fill < 2; fill++)
+        for (int sign = -1; sign <= 1; sign += 2) {
+            struct wmat m;
+            wmat_init(&m, type, K, N);
+            const struct cllm_dtype_traits *tr = cllm_dtype_traits(type);
+            const uint8_t q = fill == 0 ? 0xff : 0x00;
+            for (int64_t b = 0; b < K / CLLM_QK_K * N; b++) {
+                uint8_t *blk = m.data + b * tr->type_size;
+                if (type == CLLM_DTYPE_Q4_K) {
+                    struct cllm_block_q4_k *k4 = (struct cllm_block_q4_k *)(void *)blk;
+                    memset(k4->scales, 0xff, sizeof k4->scales); /* sc = m = 63 */
+                    memset(k4->qs, q, sizeof k4->qs);
+                    put_f16(blk + offsetof(struct cllm_block_q4_k, d), 1e-3f);
+                    put_f16(blk + offsetof(struct cllm_block_q4_k, dmin), 1e-3f);
+                } else {
+                    struct cllm_block_q6_k *k6 = (struct cllm_block_q6_k *)(void *)blk;
+                    memset(k6->ql, q, sizeof k6->ql);
+                    memset(k6->qh, q, sizeof k6->qh);
+                    memset(k6->scales, fill == 0 ? 0x7f : 0x80, sizeof k6->scales);
+                    put_f16(blk + offsetof(struct cllm_block_q6_k, d), 1e-3f);
+                }
+            }
+            uint8_t *packed = malloc(m.t.nbytes);
+            cllm_x16_pack(type, m.data, K, 0, N, packed);
+            struct wmat pm = m;
+            pm.t.data = packed;
+            float x[5 * 512], want[5 * 32], got[5 * 32];
+            for (int64_t i = 0; i < nt * K; i++)
+                x[i] = (float)sign * (1.0f + (float)(i % 3) * 1e-7f); /* all quantize to 127 */
+            CHECK(cllm_cpu_matmul_use_isa("scalar"));
+            CHECK(run_mm(NULL, &m, x, nt, want, N) == CLLM_OK);
+            for (int f = 0; f < n_simd; f++) {
+                if (!has[f])
+                    continue;
+                CHECK(cllm_cpu_matmul_use_isa(simd[f]));
+                for (int n = 1; n <= nt; n += nt - 1) { /* a lone token, a tile */
+                    size_t ss = cllm_cpu_matmul_scratch_size(type, K, n);
+                    uint8_t *scratch = malloc(ss);
+                    memset(got, 0xff, sizeof got);
+                    CHECK(cllm_cpu_matmul_packed(NULL, &pm.t, x, n, got, N, scratch, ss) ==
+                          CLLM_OK);
+                    free(scratch);
+                    CHECKF(memcmp(got, want, sizeof(float) * (size_t)(n * N)) == 0,
+                           "%s packed %s at the bounds (fill %d, sign %d, %d tokens): %g, not %g",
+                           simd[f], cllm_dtype_name(type), fill, sign, n, (double)got[0],
+                           (double)want[0]);
+                }
+            }
+            free(packed);
+            wmat_free(&m);
+        }
+    CHECK(cllm_cpu_matmul_use_isa(NULL));
+}
+
+/*
  * K-quant rows packed 16 at a time (pack_x16.h: Q4_K and Q6_K): every row unpacks to its file
  * bytes, and the packed matmul gives the unpacked one's bits (the scalar family's, 1 thread)
- * under every family this CPU runs (the VNNI families' own kernels, the others the reference),
+ * under every family this CPU runs (their own kernels where they have one, else the reference),
  * on 1-3 threads, for a token alone and tiles of every size (a part tile of 1, 2, 3 and 5
  * tokens), rows long enough to be read from L2; and cllm_cpu_matmul_packs offers it only where
  * it should.
@@ -531,14 +599,15 @@ static void test_packed(enum cllm_dtype type, struct cllm_threadpool *tp2,
             free(row);
             wmat_free(&m);
         }
-    /* who packs: the VNNI family (and those built on it), Q4_K, whole groups of rows */
+    /* who packs: Q4_K under the SIMD families (AVX2 and those built on it), Q6_K under the
+     * VNNI ones, whole groups of rows */
     for (int f = -1; f < n_simd; f++) {
         if (f >= 0 && !has[f])
             continue;
         CHECK(cllm_cpu_matmul_use_isa(f < 0 ? "scalar" : simd[f]));
         const bool vnni =
             f >= 0 && (strcmp(simd[f], "avx512vnni") == 0 || strcmp(simd[f], "avx512bf16") == 0);
-        CHECK(cllm_cpu_matmul_packs(type, 1536, 8960) == vnni);
+        CHECK(cllm_cpu_matmul_packs(type, 1536, 8960) == (type == CLLM_DTYPE_Q4_K ? f >= 0 : vnni));
         CHECK(!cllm_cpu_matmul_packs(type, 1536, 8961));
         CHECK(!cllm_cpu_matmul_packs(type, 1000, 16));
         CHECK(!cllm_cpu_matmul_packs(CLLM_DTYPE_Q5_K, 1536, 8960));
@@ -699,6 +768,8 @@ int main(void)
 
     test_packed(CLLM_DTYPE_Q4_K, tp2, tp3, simd, has, N_SIMD);
     test_packed(CLLM_DTYPE_Q6_K, tp2, tp3, simd, has, N_SIMD);
+    test_packed_extremes(CLLM_DTYPE_Q4_K, simd, has, N_SIMD);
+    test_packed_extremes(CLLM_DTYPE_Q6_K, simd, has, N_SIMD);
     test_errors();
     cllm_threadpool_free(tp2);
     cllm_threadpool_free(tp3);

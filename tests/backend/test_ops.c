@@ -306,7 +306,8 @@ static void test_copied_weights(int threads, uint64_t budget)
 }
 
 /* A K-quant matrix (Q4_K, Q6_K) the copying backend packs (pack_x16.h) where the kernel family
- * multiplies it so (the VNNI families; CLLM_CPU_PACKED_WEIGHTS=0: never): matmul (a token alone
+ * multiplies it so (Q4_K under the SIMD families, Q6_K under the VNNI ones;
+ * CLLM_CPU_PACKED_WEIGHTS=0: never): matmul (a token alone
  * and a part tile) and embed give the same bits as from the file's bytes, which stay the file's;
  * freed without a leak (ASan). */
 static void test_packed_weights(enum cllm_dtype type, int threads, bool pack)
@@ -494,11 +495,19 @@ int main(void)
     test_copied_weights(1, UINT64_MAX);
     test_copied_weights(2, UINT64_MAX);
     test_copied_weights(2, 4096);
-    test_packed_weights(CLLM_DTYPE_Q4_K, 1, true);
-    test_packed_weights(CLLM_DTYPE_Q4_K, 3, true);
-    test_packed_weights(CLLM_DTYPE_Q4_K, 2, false);
-    test_packed_weights(CLLM_DTYPE_Q6_K, 2, true);
-    test_quantized_packed();
+    /* packing under the newest family and under AVX2's (CPUs without AVX-512), which packs
+     * Q4_K only */
+    static const char *const packing_families[] = {NULL, "avx2"};
+    for (size_t f = 0; f < sizeof packing_families / sizeof packing_families[0]; f++) {
+        if (!cllm_cpu_matmul_use_isa(packing_families[f]))
+            continue;
+        test_packed_weights(CLLM_DTYPE_Q4_K, 1, true);
+        test_packed_weights(CLLM_DTYPE_Q4_K, 3, true);
+        test_packed_weights(CLLM_DTYPE_Q4_K, 2, false);
+        test_packed_weights(CLLM_DTYPE_Q6_K, 2, true);
+        test_quantized_packed();
+    }
+    CHECK(cllm_cpu_matmul_use_isa(NULL));
     struct cllm_backend *be = make(1);
     CHECK(be != NULL);
     if (be) {

@@ -378,6 +378,7 @@ static const struct cllm_matmul_kernels avx2_kernels = {
         },
     .dot_rows =
         {[CLLM_DTYPE_F32] = dot_f32, [CLLM_DTYPE_F16] = dot_f16, [CLLM_DTYPE_BF16] = dot_bf16},
+    .dot_x16 = {[CLLM_DTYPE_Q4_K] = cllm_dot_q4_k_x16_avx2},
     .attend = cllm_attend_avx2,
     .silu_mul = cllm_silu_mul_avx2,
 };

@@ -219,6 +219,10 @@ void cllm_dot_q6_k_x16_ref(const uint8_t *w, size_t row_bytes, int64_t nr, int64
 #if defined(__x86_64__) || defined(__i386__)
 /* Only to be used after a run-time check for AVX2 + FMA + F16C. */
 const struct cllm_matmul_kernels *cllm_matmul_kernels_avx2(void);
+/* The AVX2 family's kernel for packed Q4_K rows (packed_avx2.c; none for Q6_K), which the
+ * AVX-512 F family keeps and the VNNI one replaces. */
+void cllm_dot_q4_k_x16_avx2(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
+                            const struct cllm_act_view *a, int nt, float *y, int64_t ldy);
 /* Turn a copy of the AVX2 family (or of one these made) into the AVX-512 one (float weights,
  * 16 lanes), the AVX-512 VNNI one (quantized weights) and the AVX-512 BF16 one (BF16 weights):
  * only to be used after a run-time check for AVX-512 F, BW and VL, and VNNI or BF16 for those,
