@@ -307,9 +307,8 @@ static void test_copied_weights(int threads, uint64_t budget)
 
 /* A K-quant matrix (Q4_K, Q6_K) the copying backend packs (pack_x16.h) where the kernel family
  * multiplies it so (Q4_K under the SIMD families, Q6_K under the VNNI ones;
- * CLLM_CPU_PACKED_WEIGHTS=0: never): matmul (a token alone
- * and a part tile) and embed give the same bits as from the file's bytes, which stay the file's;
- * freed without a leak (ASan). */
+ * CLLM_CPU_PACKED_WEIGHTS=0: never): matmul (a token alone and a part tile) and embed give the
+ * same bits as from the file's bytes, which stay the file's; freed without a leak (ASan). */
 static void test_packed_weights(enum cllm_dtype type, int threads, bool pack)
 {
     setenv("CLLM_CPU_PACKED_WEIGHTS", pack ? "1" : "0", 1);
