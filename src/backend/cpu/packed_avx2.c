@@ -68,13 +68,6 @@ INLINE __m256 f16x8(const uint16_t *p)
     return _mm256_cvtph_ps(load16(p));
 }
 
-/* acc += (dx * d) * (float)isum, the scalar kernels' float step on eight rows. */
-INLINE __m256 block_step(__m256 acc, float dx, __m256 d, __m256i isum)
-{
-    return _mm256_add_ps(
-        acc, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(dx), d), _mm256_cvtepi32_ps(isum)));
-}
-
 /* Each lane's sum over jj < 8 of its int16 pair pairs[jj] times a token's group sums
  * sums[2jj], sums[2jj + 1]: the minimums' term, with pairs (m, m) of sub-block jj. */
 INLINE __m256i pair_sums(const __m256i pairs[8], const int16_t *sums)
@@ -183,7 +176,9 @@ INLINE void q4_k_pass(const struct cllm_q4_k_x16 *rec, int64_t nb, const struct 
                 const int64_t at = b * tk->step + t0 + t;
                 const __m256i msum = pair_sums(mins, tk->sums + at * 16);
                 const __m256 dx = _mm256_set1_ps(tk->d[at]);
-                acc[h][t] = block_step(acc[h][t], tk->d[at], d, isum[t]);
+                /* the scalar kernels' float steps, on eight rows */
+                acc[h][t] = _mm256_add_ps(
+                    acc[h][t], _mm256_mul_ps(_mm256_mul_ps(dx, d), _mm256_cvtepi32_ps(isum[t])));
                 acc[h][t] = _mm256_sub_ps(
                     acc[h][t], _mm256_mul_ps(_mm256_mul_ps(dx, dmin), _mm256_cvtepi32_ps(msum)));
             }
