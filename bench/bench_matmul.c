@@ -7,11 +7,11 @@
  * F32/F16/BF16 weights cover the float paths (also the 1.5B model's FFN shapes in BF16, and the
  * same quantized to Q6_K as --cpu-weights q6_k does, and in Q8_0); the float ones run under each
  * family whose kernels for them differ (AVX-512 BF16's, AVX-512's 16 lanes, AVX2's), side by side,
- * and on a CPU with AVX-512 VNNI the 8-bit ones also under AVX2's, and K-quants packed 16 rows at
- * a time where the kernels take them so (pack_x16.h). Weights streamed from memory for
- * 8 and 32 tokens (every layer's K-quant tensors, BF16 matrices larger than the L3) run with the
- * kernels' fetch-ahead on and off. Times are medians of repeated calls. Usage: bench_matmul
- * [model.gguf] [max_threads]
+ * and the 8-bit ones under this CPU's family (CLLM_CPU_ISA's choice) and AVX2's, K-quants packed
+ * 16 rows at a time where a family's kernels take them so (pack_x16.h). Weights streamed from
+ * memory for 8 and 32 tokens (every layer's K-quant tensors, BF16 matrices larger than the L3) run
+ * with the kernels' fetch-ahead on and off. Times are medians of repeated calls. Usage:
+ * bench_matmul [model.gguf] [max_threads]
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -149,37 +149,40 @@ static void bench_tensor(struct cllm_threadpool *tp, const char *label,
     free(scratch);
 }
 
-/* bench_tensor under this CPU's kernels and, where vnni (its family has AVX-512 VNNI's), at
- * once under AVX2's: a moment apart, as this VM's speed drifts by 10-20% over minutes; and
- * where this CPU's kernels multiply the weights packed (pack_x16.h), first packed as the CPU
- * backend packs them at load. Labels end in the family ("packed" added). */
+/* bench_tensor under this CPU's kernels (CLLM_CPU_ISA's choice) and, where those are not
+ * AVX2's and the CPU has AVX2, at once under AVX2's: a moment apart, as this VM's speed drifts
+ * by 10-20% over minutes. Under each, where its kernels multiply the weights packed
+ * (pack_x16.h), first packed as the CPU backend packs them at load. Labels end in the family
+ * ("packed" added). */
 static void bench_families(struct cllm_threadpool *tp, const char *what,
-                           const struct cllm_tensor *const *w, int n, int64_t nt, bool vnni)
+                           const struct cllm_tensor *const *w, int n, int64_t nt)
 {
     const char *best = cllm_cpu_matmul_isa();
+    const bool beside_avx2 = strcmp(best, "avx2") != 0 && cllm_cpu_matmul_use_isa("avx2");
     char label[64];
-    if (cllm_cpu_matmul_packs(w[0]->dtype, w[0]->ne[0], w[0]->ne[1])) {
-        struct cllm_tensor *packed = calloc((size_t)n, sizeof *packed);
-        const struct cllm_tensor **pw = calloc((size_t)n, sizeof *pw);
-        for (int i = 0; i < n; i++) {
-            void *data = malloc(w[i]->nbytes);
-            if (!packed || !pw || !data)
-                exit(1);
-            cllm_x16_pack(w[i]->dtype, w[i]->data, w[i]->ne[0], 0, w[i]->ne[1], data);
-            packed[i] = *w[i];
-            packed[i].data = data;
-            pw[i] = &packed[i];
-        }
-        snprintf(label, sizeof label, "%s %s packed", what, best);
-        bench_tensor(tp, label, pw, n, true, nt);
-        for (int i = 0; i < n; i++)
-            free((void *)packed[i].data);
-        free(packed);
-        free(pw);
-    }
-    for (int v = 0; v < (vnni ? 2 : 1); v++) {
+    for (int v = 0; v < (beside_avx2 ? 2 : 1); v++) {
         cllm_cpu_matmul_use_isa(v ? "avx2" : best);
-        snprintf(label, sizeof label, "%s %s", what, cllm_cpu_matmul_isa());
+        const char *isa = cllm_cpu_matmul_isa();
+        if (cllm_cpu_matmul_packs(w[0]->dtype, w[0]->ne[0], w[0]->ne[1])) {
+            struct cllm_tensor *packed = calloc((size_t)n, sizeof *packed);
+            const struct cllm_tensor **pw = calloc((size_t)n, sizeof *pw);
+            for (int i = 0; i < n; i++) {
+                void *data = malloc(w[i]->nbytes);
+                if (!packed || !pw || !data)
+                    exit(1);
+                cllm_x16_pack(w[i]->dtype, w[i]->data, w[i]->ne[0], 0, w[i]->ne[1], data);
+                packed[i] = *w[i];
+                packed[i].data = data;
+                pw[i] = &packed[i];
+            }
+            snprintf(label, sizeof label, "%s %s packed", what, isa);
+            bench_tensor(tp, label, pw, n, true, nt);
+            for (int i = 0; i < n; i++)
+                free((void *)packed[i].data);
+            free(packed);
+            free(pw);
+        }
+        snprintf(label, sizeof label, "%s %s", what, isa);
         bench_tensor(tp, label, w, n, false, nt);
     }
     cllm_cpu_matmul_use_isa(best);
@@ -212,9 +215,6 @@ int main(int argc, char **argv)
         return 1;
     }
     printf("model %s, kernels %s\n", path, cllm_cpu_matmul_isa());
-    /* whether this CPU has the AVX-512 VNNI kernels (the fastest family includes them) */
-    const bool vnni = cllm_cpu_matmul_use_isa("avx512vnni");
-    cllm_cpu_matmul_use_isa(NULL);
 
     const char *names[] = {"blk.0.ffn_up.weight", "blk.0.ffn_down.weight", "output.weight"};
     const struct cllm_tensor *hot[3];
@@ -322,19 +322,19 @@ int main(int argc, char **argv)
         for (int c = 0; c < 2; c++) {
             char what[64];
             snprintf(what, sizeof what, "decode cold (%d layers)", n_cold[c]);
-            bench_families(tp, what, cold[c], n_cold[c], 1, vnni);
+            bench_families(tp, what, cold[c], n_cold[c], 1);
         }
         for (int i = 0; i < 3; i++)
             bench_families(tp, i == 2 ? "decode (cold: 1 tensor)" : "decode hot (L3)", &hot[i], 1,
-                           1, vnni);
+                           1);
         static const int64_t prefill[] = {64, 512};
         for (int p = 0; p < 2; p++)
             for (int i = 0; i < 2; i++)
-                bench_families(tp, "prefill", &hot[i], 1, prefill[p], vnni);
+                bench_families(tp, "prefill", &hot[i], 1, prefill[p]);
         for (int f = 0; f < N_QS; f++) {
             const struct cllm_tensor *t = &qsyn[f];
-            bench_families(tp, "decode synth", &t, 1, 1, vnni);
-            bench_families(tp, "prefill synth", &t, 1, 64, vnni);
+            bench_families(tp, "decode synth", &t, 1, 1);
+            bench_families(tp, "prefill synth", &t, 1, 64);
         }
         for (int f = 0; f < N_SYNTH - 1; f++) {
             const struct cllm_tensor *t = &synth[f];
@@ -363,11 +363,13 @@ int main(int argc, char **argv)
                         {(const struct cllm_tensor *[]){&synth[N_SYNTH - 1]}, 1},
                         {(const struct cllm_tensor *[]){&synth[4]}, 1}};
         const char *isa = cllm_cpu_matmul_isa();
+        const bool beside_avx2 = strcmp(isa, "avx2") != 0 && cllm_cpu_matmul_use_isa("avx2");
+        cllm_cpu_matmul_use_isa(isa);
         for (size_t f = 0; f < sizeof streamed / sizeof streamed[0]; f++) {
             const char *fam[3] = {isa, "avx2"};
             const int n_fam = streamed[f].w[0]->dtype == CLLM_DTYPE_BF16
                                   ? float_families(CLLM_DTYPE_BF16, fam)
-                                  : (vnni ? 2 : 1);
+                                  : (beside_avx2 ? 2 : 1);
             for (int nt = 8; nt <= 32; nt *= 4)
                 for (int v = 0; v < n_fam; v++) {
                     cllm_cpu_matmul_use_isa(fam[v]);

@@ -600,7 +600,7 @@ static void test_packed(enum cllm_dtype type, struct cllm_threadpool *tp2,
             wmat_free(&m);
         }
     /* who packs: Q4_K under the SIMD families (AVX2 and those built on it), Q6_K under the
-     * VNNI ones, whole groups of rows */
+     * AVX-512 VNNI ones, whole groups of rows */
     for (int f = -1; f < n_simd; f++) {
         if (f >= 0 && !has[f])
             continue;
@@ -678,17 +678,19 @@ int main(void)
     const char *best = cllm_cpu_matmul_isa();
     /* the SIMD families, slowest first; each runs every dtype (most share the one before's
      * kernels, which costs little) */
-    enum { N_SIMD = 4 };
-    static const char *const simd[N_SIMD] = {"avx2", "avx512", "avx512vnni", "avx512bf16"};
+    enum { N_SIMD = 5 };
+    static const char *const simd[N_SIMD] = {"avx2", "avxvnni", "avx512", "avx512vnni",
+                                             "avx512bf16"};
     bool has[N_SIMD];
     for (int f = 0; f < N_SIMD; f++)
         has[f] = cllm_cpu_matmul_use_isa(simd[f]);
-    const bool avx2 = has[0], bf16_acts = has[3];
+    const bool avx2 = has[0], bf16_acts = has[4];
     CHECK(cllm_cpu_matmul_use_isa(NULL) && strcmp(cllm_cpu_matmul_isa(), best) == 0);
-    printf("matmul kernels: %s%s%s%s%s\n", best,
+    printf("matmul kernels: %s%s%s%s%s%s\n", best,
            avx2 ? "" : " (no AVX2 on this CPU: SIMD-vs-scalar checks compare scalar with itself)",
-           has[1] ? "" : " (no AVX-512 on this CPU: its float kernels are not run)",
-           has[2] ? "" : " (no AVX-512 VNNI on this CPU: its kernels are not run)",
+           has[1] ? "" : " (no AVX-VNNI on this CPU: its kernels are not run)",
+           has[2] ? "" : " (no AVX-512 on this CPU: its float kernels are not run)",
+           has[3] ? "" : " (no AVX-512 VNNI on this CPU: its kernels are not run)",
            bf16_acts ? "" : " (no AVX-512 BF16 on this CPU: its kernels are not run)");
     CHECK(cllm_cpu_matmul_use_isa("scalar") && strcmp(cllm_cpu_matmul_isa(), "scalar") == 0);
     CHECK(!cllm_cpu_matmul_bf16_activations());

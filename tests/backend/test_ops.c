@@ -494,9 +494,9 @@ int main(void)
     test_copied_weights(1, UINT64_MAX);
     test_copied_weights(2, UINT64_MAX);
     test_copied_weights(2, 4096);
-    /* packing under the newest family and under AVX2's (CPUs without AVX-512), which packs
-     * Q4_K only */
-    static const char *const packing_families[] = {NULL, "avx2"};
+    /* packing under the newest family and under AVX2's and AVX-VNNI's (CPUs without AVX-512),
+     * which pack Q4_K only */
+    static const char *const packing_families[] = {NULL, "avx2", "avxvnni"};
     for (size_t f = 0; f < sizeof packing_families / sizeof packing_families[0]; f++) {
         if (!cllm_cpu_matmul_use_isa(packing_families[f]))
             continue;

@@ -9,6 +9,14 @@
  * paths with the same arithmetic. Float weights use FMA (not bit-equal to scalar), several rows
  * and tokens per pass. The tile's reductions and the legacy blocks' kernels are shared with
  * dot_avx512vnni.c (tile_avx2.h, legacy_avx2.h).
+ *
+ * This file is compiled twice: as the AVX2 family, and with -mavxvnni on top as the AVX-VNNI
+ * family (dot_avxvnni.c; CPUs with 256-bit VNNI and no AVX-512: Intel's client cores since
+ * Alder Lake, its E-core Xeons). There vpdpwssd adds the int16 pairs' products to an int32
+ * accumulator in one instruction where AVX2 needs vpmaddwd and vpaddd, and a legacy block's
+ * products are one vpdpbusd instead of vpmaddubsw and vpmaddwd by ones. The integers are the
+ * same (no vpmaddubsw here saturates, no vpmaddwd overflows: bounds beside each kernel), so the
+ * two families give the same bits.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -17,6 +25,24 @@
 #include "backend/cpu/tile_avx2.h"
 #include "core/f16.h"
 #include "tensor/quant.h"
+
+#ifdef __AVXVNNI__
+#define FAMILY(name) name##_avxvnni
+#define FAMILY_ISA "avxvnni"
+#else
+#define FAMILY(name) name##_avx2
+#define FAMILY_ISA "avx2"
+#endif
+
+/* acc + the int16 pairs' products a * b, summed in pairs: vpmaddwd and vpaddd, or vpdpwssd. */
+INLINE __m256i madd_acc(__m256i acc, __m256i a, __m256i b)
+{
+#ifdef __AVXVNNI__
+    return _mm256_dpwssd_avx_epi32(acc, a, b);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
 
 /* --- activation quantization: the bytes of dot_ref.c's quant_q8 --- */
 
@@ -120,11 +146,9 @@ INLINE void q45k_tile(const uint8_t *w, int64_t nb, const struct cllm_act_tile *
             UNROLL
             for (int t = 0; t < NT; t++) {
                 const int8_t *x = tk->qs[t] + b * CLLM_QK_K + 64 * c;
-                sumi[t] = _mm256_add_epi32(
-                    sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, loadu256(x)), s_lo));
+                sumi[t] = madd_acc(sumi[t], _mm256_maddubs_epi16(lo, loadu256(x)), s_lo);
                 PIN(sumi[t]);
-                sumi[t] = _mm256_add_epi32(
-                    sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, loadu256(x + 32)), s_hi));
+                sumi[t] = madd_acc(sumi[t], _mm256_maddubs_epi16(hi, loadu256(x + 32)), s_hi);
                 PIN(sumi[t]);
             }
         }
@@ -187,8 +211,7 @@ INLINE void q6k_tile(const uint8_t *w, int64_t nb, const struct cllm_act_tile *t
                 UNROLL
                 for (int t = 0; t < NT; t++) {
                     const __m256i x = loadu256(tk->qs[t] + b * CLLM_QK_K + 128 * h + 32 * g);
-                    sumi[t] = _mm256_add_epi32(sumi[t],
-                                               _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), s));
+                    sumi[t] = madd_acc(sumi[t], _mm256_maddubs_epi16(q, x), s);
                     PIN(sumi[t]);
                 }
             }
@@ -217,7 +240,11 @@ INLINE __m256i legacy_lanes(__m256i q, __m256i qa, const int8_t *xp, const enum 
     __m256i x = loadu256(xp);
     if (type == CLLM_DTYPE_Q8_0)
         x = _mm256_sign_epi8(x, q);
+#ifdef __AVXVNNI__
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), qa, x);
+#else
     return _mm256_madd_epi16(_mm256_maddubs_epi16(qa, x), _mm256_set1_epi16(1));
+#endif
 }
 
 /* Shift that turns a block's activation sum into the offset term (8 * sx, 16 * sx); 0: none. */
@@ -362,8 +389,8 @@ FLOAT_KERNEL(dot_f32, CLLM_DTYPE_F32)
 FLOAT_KERNEL(dot_f16, CLLM_DTYPE_F16)
 FLOAT_KERNEL(dot_bf16, CLLM_DTYPE_BF16)
 
-static const struct cllm_matmul_kernels avx2_kernels = {
-    .isa = "avx2",
+static const struct cllm_matmul_kernels family_kernels = {
+    .isa = FAMILY_ISA,
     .quant = {[CLLM_ACT_Q8_0] = quant_q8_0, [CLLM_ACT_Q8_K] = quant_q8_k},
     .dot =
         {
@@ -378,12 +405,12 @@ static const struct cllm_matmul_kernels avx2_kernels = {
         },
     .dot_rows =
         {[CLLM_DTYPE_F32] = dot_f32, [CLLM_DTYPE_F16] = dot_f16, [CLLM_DTYPE_BF16] = dot_bf16},
-    .dot_x16 = {[CLLM_DTYPE_Q4_K] = cllm_dot_q4_k_x16_avx2},
+    .dot_x16 = {[CLLM_DTYPE_Q4_K] = FAMILY(cllm_dot_q4_k_x16)},
     .attend = cllm_attend_avx2,
     .silu_mul = cllm_silu_mul_avx2,
 };
 
-const struct cllm_matmul_kernels *cllm_matmul_kernels_avx2(void)
+const struct cllm_matmul_kernels *FAMILY(cllm_matmul_kernels)(void)
 {
-    return &avx2_kernels;
+    return &family_kernels;
 }

@@ -51,7 +51,7 @@
 
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
 /* The kernel families this CPU runs, slowest first; the last is the default. */
-static const struct cllm_matmul_kernels *families[5];
+static const struct cllm_matmul_kernels *families[6];
 static int n_families;
 static _Atomic(const struct cllm_matmul_kernels *) active;
 #if defined(__x86_64__) || defined(__i386__)
@@ -62,6 +62,14 @@ static bool cpu_has_f16c(void)
 {
     unsigned a, b, c, d;
     return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+
+/* AVX-VNNI (CPUID leaf 7, sub-leaf 1, EAX bit 4), which older compilers' checks do not know; its
+ * registers are AVX2's, whose saving by the OS the AVX2 check has seen to. */
+static bool cpu_has_avxvnni(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 4));
 }
 #endif
 
@@ -83,7 +91,10 @@ static void detect(void)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c()) {
         families[n_families++] = cllm_matmul_kernels_avx2();
-        /* each AVX-512 family adds its kernels to the one before: CPUs with BF16 have VNNI */
+        if (cpu_has_avxvnni())
+            families[n_families++] = cllm_matmul_kernels_avxvnni();
+        /* each AVX-512 family adds its kernels to the one before (AVX-VNNI's quantized ones
+         * where the CPU has it): CPUs with BF16 have VNNI */
         const bool avx512 = __builtin_cpu_supports("avx512f") &&
                             __builtin_cpu_supports("avx512bw") &&
                             __builtin_cpu_supports("avx512vl");
@@ -113,7 +124,7 @@ static void detect(void)
         else
             cllm_log(CLLM_LOG_WARN,
                      "CLLM_CPU_ISA=%s: not a kernel family this CPU runs "
-                     "(scalar, avx2, avx512, avx512vnni, avx512bf16); using %s",
+                     "(scalar, avx2, avxvnni, avx512, avx512vnni, avx512bf16); using %s",
                      want, best->isa);
     }
     atomic_store(&active, best);

@@ -8,8 +8,8 @@
  * Results depend neither on the thread count nor on the batch: a token's row is bit-identical
  * whether it is computed alone or with others. Kernels are chosen once, at first use, by CPU
  * feature detection (AVX-512 F/BW/VL, with VNNI and/or BF16, on top of AVX2+FMA+F16C, else
- * AVX2 alone, else portable scalar code); the environment variable CLLM_CPU_ISA (scalar, avx2,
- * avx512, avx512vnni, avx512bf16) picks a slower family.
+ * AVX2 with AVX-VNNI, else AVX2 alone, else portable scalar code); the environment variable
+ * CLLM_CPU_ISA (scalar, avx2, avxvnni, avx512, avx512vnni, avx512bf16) picks a slower family.
  */
 #ifndef CLLM_BACKEND_CPU_MATMUL_H
 #define CLLM_BACKEND_CPU_MATMUL_H

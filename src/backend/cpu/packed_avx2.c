@@ -18,6 +18,10 @@
  * quants' decoding done again for every few tokens, a first version ran a 64-token call 1.5x
  * slower than the row kernel (which decodes once for eight tokens), and a lone token 1.1-1.2x
  * faster: rows it stays.
+ * Compiled a second time with -mavxvnni as the AVX-VNNI family's kernel (packed_avxvnni.c):
+ * there one vpdpbusd adds a step's four products to each lane's int32 sum (vpmaddubsw and
+ * vpaddw here), and a sub-block's sum is multiplied by the rows' scales as int32 (vpmulld), as
+ * in packed_avx512vnni.c; the same integers, so the same bits.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -61,6 +65,48 @@ INLINE __m256i dup_pairs(const uint8_t *p, int h)
     const __m128i v = load16(p);
     return _mm256_cvtepi8_epi16(h ? _mm_unpackhi_epi8(v, v) : _mm_unpacklo_epi8(v, v));
 }
+
+#ifdef __AVXVNNI__
+#define DOT_Q4_K_X16 cllm_dot_q4_k_x16_avxvnni
+
+/* A sub-block's running sums after the step whose weights are w (one quant a byte) and whose
+ * activations are x's four bytes: sum + each lane's four products, in int32. */
+INLINE __m256i step_sum(__m256i sum, __m256i w, const int8_t *x, const int first)
+{
+    return _mm256_dpbusd_avx_epi32(first ? _mm256_setzero_si256() : sum, w, bcast4(x));
+}
+
+/* The scales of rows 8h .. 8h + 7 (one byte a row at p) as step_sum's sums take them. */
+INLINE __m256i sub_scales(const uint8_t *p, int h)
+{
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(p + 8 * h)));
+}
+
+/* Each lane's sub-block sum times its row's scale, in int32. */
+INLINE __m256i scaled(__m256i sum, __m256i scales)
+{
+    return _mm256_mullo_epi32(sum, scales);
+}
+#else
+#define DOT_Q4_K_X16 cllm_dot_q4_k_x16_avx2
+
+/* As above, with vpmaddubsw's two int16 pair sums a lane, added in int16 (the bound above). */
+INLINE __m256i step_sum(__m256i sum, __m256i w, const int8_t *x, const int first)
+{
+    const __m256i p = _mm256_maddubs_epi16(w, bcast4(x));
+    return first ? p : _mm256_add_epi16(sum, p);
+}
+
+INLINE __m256i sub_scales(const uint8_t *p, int h)
+{
+    return dup_pairs(p, h);
+}
+
+INLINE __m256i scaled(__m256i sum, __m256i scales)
+{
+    return _mm256_madd_epi16(sum, scales);
+}
+#endif
 
 /* 8 rows' F16 values at p, widened. */
 INLINE __m256 f16x8(const uint16_t *p)
@@ -142,6 +188,9 @@ INLINE void q4_k_pass(const struct cllm_q4_k_x16 *rec, int64_t nb, const struct 
             for (int c = 0; c < 4; c++) {
                 __m256i lo_sum[PASS_TOKENS], hi_sum[PASS_TOKENS];
                 UNROLL
+                for (int t = 0; t < NS; t++) /* not read: each pass's first step sets them */
+                    lo_sum[t] = hi_sum[t] = _mm256_setzero_si256();
+                UNROLL
                 for (int q = 0; q < 8; q++) {
                     const __m256i v = half_at(rec->qs[8 * c + q], h);
                     const __m256i lo = _mm256_and_si256(v, m4);
@@ -149,19 +198,18 @@ INLINE void q4_k_pass(const struct cllm_q4_k_x16 *rec, int64_t nb, const struct 
                     UNROLL
                     for (int t = 0; t < NS; t++) {
                         const int8_t *x = xb[t] + 64 * c + 4 * q;
-                        const __m256i pl = _mm256_maddubs_epi16(lo, bcast4(x));
-                        const __m256i ph = _mm256_maddubs_epi16(hi, bcast4(x + 32));
-                        lo_sum[t] = q ? _mm256_add_epi16(lo_sum[t], pl) : pl;
-                        hi_sum[t] = q ? _mm256_add_epi16(hi_sum[t], ph) : ph;
+                        lo_sum[t] = step_sum(lo_sum[t], lo, x, q == 0);
+                        hi_sum[t] = step_sum(hi_sum[t], hi, x + 32, q == 0);
                         PIN(lo_sum[t]);
                         PIN(hi_sum[t]);
                     }
                 }
-                const __m256i s_lo = dup_pairs(scm[2 * c], h), s_hi = dup_pairs(scm[2 * c + 1], h);
+                const __m256i s_lo = sub_scales(scm[2 * c], h);
+                const __m256i s_hi = sub_scales(scm[2 * c + 1], h);
                 UNROLL
                 for (int t = 0; t < NS; t++) {
-                    const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(lo_sum[t], s_lo),
-                                                       _mm256_madd_epi16(hi_sum[t], s_hi));
+                    const __m256i s =
+                        _mm256_add_epi32(scaled(lo_sum[t], s_lo), scaled(hi_sum[t], s_hi));
                     isum[t] = c ? _mm256_add_epi32(isum[t], s) : s;
                 }
             }
@@ -228,8 +276,8 @@ INLINE void dot_x16(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
     }
 }
 
-void cllm_dot_q4_k_x16_avx2(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
-                            const struct cllm_act_view *a, int nt, float *y, int64_t ldy)
+void DOT_Q4_K_X16(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
+                  const struct cllm_act_view *a, int nt, float *y, int64_t ldy)
 {
     dot_x16(w, row_bytes, nr, K, a, nt, y, ldy, PASS_TOKENS);
 }

@@ -117,7 +117,7 @@ typedef void (*cllm_quant_fn)(const float *x, int64_t nb, int8_t *qs, float *d, 
                               int64_t step);
 
 struct cllm_matmul_kernels {
-    const char *isa; /* "scalar", "avx2", "avx512", "avx512vnni", "avx512bf16" */
+    const char *isa; /* "scalar", "avx2", "avxvnni", "avx512", "avx512vnni", "avx512bf16" */
     cllm_quant_fn quant[CLLM_ACT_KIND_COUNT]; /* by enum cllm_act_kind: Q8_0 and Q8_K only */
     cllm_dot_fn dot[CLLM_DTYPE_COUNT]; /* by quantized weight dtype */
     /* By float weight dtype; dot_rows[BF16] reads BF16 activation rows where to_bf16 is set
@@ -217,12 +217,16 @@ void cllm_dot_q4_k_x16_ref(const uint8_t *w, size_t row_bytes, int64_t nr, int64
 void cllm_dot_q6_k_x16_ref(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
                            const struct cllm_act_view *a, int nt, float *y, int64_t ldy);
 #if defined(__x86_64__) || defined(__i386__)
-/* Only to be used after a run-time check for AVX2 + FMA + F16C. */
+/* Only to be used after a run-time check for AVX2 + FMA + F16C (and AVX-VNNI for the second:
+ * dot_avx2.c compiled again, the same bits). */
 const struct cllm_matmul_kernels *cllm_matmul_kernels_avx2(void);
-/* The AVX2 family's kernel for packed Q4_K rows (packed_avx2.c; none for Q6_K), which the
- * AVX-512 F family keeps and the VNNI one replaces. */
+const struct cllm_matmul_kernels *cllm_matmul_kernels_avxvnni(void);
+/* The AVX2 and AVX-VNNI families' kernels for packed Q4_K rows (packed_avx2.c; none for Q6_K),
+ * which the AVX-512 F family keeps and the AVX-512 VNNI one replaces. */
 void cllm_dot_q4_k_x16_avx2(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
                             const struct cllm_act_view *a, int nt, float *y, int64_t ldy);
+void cllm_dot_q4_k_x16_avxvnni(const uint8_t *w, size_t row_bytes, int64_t nr, int64_t K,
+                               const struct cllm_act_view *a, int nt, float *y, int64_t ldy);
 /* Turn a copy of the AVX2 family (or of one these made) into the AVX-512 one (float weights,
  * 16 lanes), the AVX-512 VNNI one (quantized weights) and the AVX-512 BF16 one (BF16 weights):
  * only to be used after a run-time check for AVX-512 F, BW and VL, and VNNI or BF16 for those,
