@@ -64,8 +64,9 @@ enum {
     "                          that fails it: auto runs on the CPU, cuda stops with an error)\n"   \
     "  --cpu-weights stored|q6_k   float weights on the CPU (also after a GPU fails): as the\n"    \
     "                          files store them (default), or quantized to Q6_K at load:\n"        \
-    "                          1.3-1.5x faster batches on CPUs without AVX-512 BF16 (not on\n"    \
-    "                          those: their BF16 kernels are as fast), ~2%% error per weight\n"
+    "                          1.3-1.6x faster batches where BF16 weights take F32\n"              \
+    "                          activations (all CPUs but AMD's with AVX-512 BF16, whose BF16\n"    \
+    "                          kernels are as fast), ~2%% error per weight\n"
 
 /* What the flags said; "set" bits record which sampling values were given explicitly. */
 struct cllm_gen_opts {

@@ -50,9 +50,11 @@
 #define QUANT_SERIAL_ELEMS 32768
 
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
-/* The kernel families this CPU runs, slowest first; the last is the default. */
+/* The kernel families this CPU runs, slowest first; the default is the last but where
+ * detect says otherwise. */
 static const struct cllm_matmul_kernels *families[6];
 static int n_families;
+static const struct cllm_matmul_kernels *default_family;
 static _Atomic(const struct cllm_matmul_kernels *) active;
 #if defined(__x86_64__) || defined(__i386__)
 static struct cllm_matmul_kernels avx512_kernels, avx512vnni_kernels, avx512bf16_kernels;
@@ -62,6 +64,20 @@ static bool cpu_has_f16c(void)
 {
     unsigned a, b, c, d;
     return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+
+/* Whether AVX-512 BF16's dot products outrun F32 FMAs on this CPU, so that BF16 weights gain
+ * from activations rounded to BF16: on AMD's cores (Zen 4 runs a 512-bit FMA in two halves,
+ * 16 products a cycle, and vdpbf16ps at 32: the BF16 kernels ran 2x AVX-512 F's, docs/
+ * measured.md), not on Intel's, whose two 512-bit FMA units make 32 a cycle as its one
+ * vdpbf16ps port does (an Emerald Rapids ran the 1.5B's BF16 folder 1.2x faster with F32
+ * activations, and they are the more exact). The vendor, not a timing at start: a server must
+ * pick the same kernels, so the same answers, every time it starts. */
+static bool cpu_bf16_dots_pay(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541u /* "Auth" */ &&
+           d == 0x69746e65u /* "enti" */ && c == 0x444d4163u /* "cAMD" */;
 }
 
 /* AVX-VNNI (CPUID leaf 7, sub-leaf 1, EAX bit 4), which older compilers' checks do not know; its
@@ -81,9 +97,10 @@ static const struct cllm_matmul_kernels *family_named(const char *isa)
     return NULL;
 }
 
-/* The families this CPU runs (compilers' checks include the OS's saving of the registers), and
- * CLLM_CPU_ISA's choice among them: a slower family for a comparison, or "avx2" to keep a
- * BF16 model's activations in F32 on a CPU with AVX-512 BF16. */
+/* The families this CPU runs (compilers' checks include the OS's saving of the registers), the
+ * default among them, and CLLM_CPU_ISA's choice: a slower family for a comparison,
+ * "avx512bf16" for BF16 activations where they are not the default, or "avx2" to keep a BF16
+ * model's activations in F32 on a CPU where they are. */
 static void detect(void)
 {
     families[n_families++] = cllm_matmul_kernels_scalar();
@@ -116,6 +133,16 @@ static void detect(void)
     }
 #endif
     const struct cllm_matmul_kernels *best = families[n_families - 1];
+#if defined(__x86_64__) || defined(__i386__)
+    /* the AVX-512 BF16 family differs from the one before only in its BF16 weights' kernels */
+    if (best == &avx512bf16_kernels && !cpu_bf16_dots_pay()) {
+        best = families[n_families - 2];
+        cllm_log(CLLM_LOG_INFO, "cpu: AVX-512 BF16's dot products run no faster than FMAs on "
+                                "this CPU (not AMD's): BF16 weights take F32 activations "
+                                "(CLLM_CPU_ISA=avx512bf16 rounds them to BF16)");
+    }
+#endif
+    default_family = best;
     const char *want = getenv("CLLM_CPU_ISA");
     if (want && *want) {
         const struct cllm_matmul_kernels *k = family_named(want);
@@ -149,7 +176,7 @@ bool cllm_cpu_matmul_bf16_activations(void)
 bool cllm_cpu_matmul_use_isa(const char *isa)
 {
     pthread_once(&detect_once, detect);
-    const struct cllm_matmul_kernels *k = isa ? family_named(isa) : families[n_families - 1];
+    const struct cllm_matmul_kernels *k = isa ? family_named(isa) : default_family;
     if (!k)
         return false;
     atomic_store(&active, k);
