@@ -13,6 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/pack_x16.h"
@@ -630,6 +632,55 @@ static void test_packed(enum cllm_dtype type, struct cllm_threadpool *tp2,
     wmat_free(&m);
 }
 
+/* Float weights whose last row ends where the mapping does, a page nothing may read after it:
+ * under every family this CPU runs, the kernels' masked tails must not touch it (a read past a
+ * row there faults), and give the bits they give from an ordinary buffer. K: every tail of the
+ * 16- and 32-element steps AVX-512's kernels take, and none. */
+static void test_rows_at_mapping_end(const char *const *simd, const bool *has, int n_simd)
+{
+    static const enum cllm_dtype types[] = {CLLM_DTYPE_F32, CLLM_DTYPE_F16, CLLM_DTYPE_BF16};
+    static const int64_t Ks[] = {1, 15, 17, 31, 33, 45, 64, 1000};
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+        for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
+            const int64_t K = Ks[ki], N = 13, nt = 5;
+            struct wmat m;
+            wmat_init(&m, types[ti], K, N);
+            const size_t bytes = m.t.nbytes, span = (bytes + page - 1) / page * page;
+            uint8_t *map =
+                mmap(NULL, span + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            CHECK(map != MAP_FAILED);
+            if (map == MAP_FAILED) {
+                wmat_free(&m);
+                continue;
+            }
+            CHECK(mprotect(map + span, page, PROT_NONE) == 0);
+            struct wmat at_end = m;
+            at_end.data = map + span - bytes;
+            memcpy(at_end.data, m.data, bytes);
+            at_end.t.data = at_end.data;
+            float x[5 * 1000], want[5 * 13], got[5 * 13];
+            for (int64_t i = 0; i < nt * K; i++)
+                x[i] = rng_act();
+            for (int f = -1; f < n_simd; f++) {
+                if (f >= 0 && !has[f])
+                    continue;
+                CHECK(cllm_cpu_matmul_use_isa(f < 0 ? "scalar" : simd[f]));
+                for (int64_t n = 1; n <= nt; n += nt - 1) {
+                    CHECK(run_mm(NULL, &m, x, n, want, N) == CLLM_OK);
+                    CHECK(run_mm(NULL, &at_end, x, n, got, N) == CLLM_OK);
+                    CHECKF(memcmp(got, want, sizeof(float) * (size_t)(n * N)) == 0,
+                           "%s %s K %lld, %lld tokens: rows at the mapping's end differ",
+                           cllm_cpu_matmul_isa(), cllm_dtype_name(types[ti]), (long long)K,
+                           (long long)n);
+                }
+            }
+            munmap(map, span + page);
+            wmat_free(&m);
+        }
+    CHECK(cllm_cpu_matmul_use_isa(NULL));
+}
+
 /* The AVX-512 BF16 family's activation rounding: each element as vcvtne2ps2bf16 rounds it
  * (bf16_daz), zeros up to the padded length, nothing written past it; every length of the
  * 32-element steps and their tails. */
@@ -782,6 +833,7 @@ int main(void)
     test_packed(CLLM_DTYPE_Q6_K, tp2, tp3, simd, has, N_SIMD);
     test_packed_extremes(CLLM_DTYPE_Q4_K, simd, has, N_SIMD);
     test_packed_extremes(CLLM_DTYPE_Q6_K, simd, has, N_SIMD);
+    test_rows_at_mapping_end(simd, has, N_SIMD);
     test_errors();
     cllm_threadpool_free(tp2);
     cllm_threadpool_free(tp3);

@@ -9,6 +9,14 @@
  * FMA takes both: the same peak as AVX2, in half the instructions. The AVX-512 BF16 family
  * replaces the BF16 kernel with vdpbf16ps (dot_avx512.c); quantized weights keep their own
  * families' kernels.
+ *
+ * BF16 weights are widened without a shuffle: 64 bytes of a row are 16 words of two BF16
+ * each, whose low halves shifted up (vpslld) are the even elements as F32 and whose high
+ * halves masked (vpandd) the odd ones, one instruction per 16 weights where vpmovzxwd +
+ * vpslld cost two, on the ports the FMAs use. The activations come to match: the driver
+ * stores each token's row once per call with each 32-element chunk's even elements before its
+ * odd ones (to_pairs, CLLM_ACT_F32_PAIRS). On an Emerald Rapids core that ran the FFN's BF16
+ * shapes 1.2x faster (a scratch harness, session 43; docs/measured.md).
  */
 #include <immintrin.h>
 #include <stdbool.h>
@@ -23,19 +31,25 @@
 /* Elements per step: one 512-bit vector of F32. */
 #define STEP 16
 
-/* Weight elements [i, i + 16) of a row as F32, elements at or past `valid` read as zeros (and
- * not read at all: a row may end at the end of its mapping). */
+/* F32 or F16 weight elements [i, i + 16) of a row as F32, elements at or past `valid` read as
+ * zeros (and not read at all: a row may end at the end of its mapping). BF16 rows take
+ * bf16_pairs_micro (below). */
 INLINE __m512 load16f(const uint8_t *w, int64_t i, const enum cllm_dtype type, __mmask16 valid)
 {
-    switch (type) {
-    case CLLM_DTYPE_F32:
+    if (type == CLLM_DTYPE_F32)
         return _mm512_maskz_loadu_ps(valid, (const float *)(const void *)w + i);
-    case CLLM_DTYPE_F16:
-        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(valid, w + 2 * i));
-    default: /* BF16: the upper half of an F32 */
-        return _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(valid, w + 2 * i)), 16));
-    }
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(valid, w + 2 * i));
+}
+
+/* cllm_to_pairs_fn: a token's F32 row as even/odd chunks, zero-padded. */
+static void to_pairs(const float *x, int64_t K, float *out)
+{
+    const int64_t chunk = CLLM_BF16_ACT_ALIGN, half = chunk / 2;
+    for (int64_t c = 0; c < K; c += chunk)
+        for (int64_t i = 0; i < half; i++) {
+            out[c + i] = c + 2 * i < K ? x[c + 2 * i] : 0.0f;
+            out[c + half + i] = c + 2 * i + 1 < K ? x[c + 2 * i + 1] : 0.0f;
+        }
 }
 
 /* One step: acc[r][t] gains weight vector wv[r] times token t's activations at element i. */
@@ -52,23 +66,45 @@ INLINE void float_step(__m512 acc[8][4], const __m512 *wv, const float *const *x
 }
 
 /*
- * R weight rows times T tokens: R * T accumulators of 16 lanes. Lane l of an output adds, step
- * by step, element 16s + l's product (FMA); the last step's missing elements are zeros in both
- * operands (masked loads), which leave the sums as they are; the 16 lanes are then summed by one
- * fixed tree. Every output's arithmetic is the same whatever R and T are, so results do not
- * depend on the batch.
+ * BF16 rows against F32 pair rows (to_pairs), R rows times T tokens into acc: per 32-element
+ * chunk, lane l adds element 2l's product, then element 2l + 1's (FMA); the last chunk's
+ * missing weights are zeros (masked loads, nothing read past the row) against the pair rows'
+ * zero padding, which leave the sums as they are.
  */
-INLINE void float_micro(const uint8_t *w, size_t row_bytes, int64_t K, const float *const *x,
-                        float *y, int64_t ldy, const enum cllm_dtype type, const int R, const int T,
-                        const bool fetch)
+INLINE void bf16_pairs_micro(const uint8_t *w, size_t row_bytes, int64_t K, const float *const *x,
+                             __m512 acc[8][4], const int R, const int T, const bool fetch)
+{
+    const int64_t chunk = CLLM_BF16_ACT_ALIGN;
+    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+    for (int64_t i = 0; i < K; i += chunk) {
+        const __mmask32 valid = K - i >= chunk ? ~(__mmask32)0 : ((__mmask32)1 << (K - i)) - 1u;
+        __m512i words[8];
+        UNROLL
+        for (int r = 0; r < R; r++) {
+            words[r] = _mm512_maskz_loadu_epi16(valid, w + (size_t)r * row_bytes + 2 * i);
+            if (fetch) /* the next block's rows, a line a step */
+                _mm_prefetch((const char *)(w + (size_t)(r + R) * row_bytes) + 2 * i, _MM_HINT_T0);
+        }
+        __m512 wv[8];
+        UNROLL
+        for (int r = 0; r < R; r++)
+            wv[r] = _mm512_castsi512_ps(_mm512_slli_epi32(words[r], 16));
+        float_step(acc, wv, x, i, 0xffff, R, T);
+        UNROLL
+        for (int r = 0; r < R; r++)
+            wv[r] = _mm512_castsi512_ps(_mm512_and_si512(words[r], high));
+        float_step(acc, wv, x, i + chunk / 2, 0xffff, R, T);
+    }
+}
+
+/* F32 or F16 rows against F32 rows, R times T into acc: lane l adds, step by step, element
+ * 16s + l's product (FMA); the last step's missing elements are zeros in both operands (masked
+ * loads). */
+INLINE void wide_micro(const uint8_t *w, size_t row_bytes, int64_t K, const float *const *x,
+                       __m512 acc[8][4], const enum cllm_dtype type, const int R, const int T,
+                       const bool fetch)
 {
     const size_t esize = type == CLLM_DTYPE_F32 ? 4 : 2;
-    __m512 acc[8][4];
-    UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-    for (int t = 0; t < T; t++)
-        acc[r][t] = _mm512_setzero_ps();
     __m512 wv[8];
     int64_t i = 0;
     for (; i + STEP <= K; i += STEP) {
@@ -89,6 +125,27 @@ INLINE void float_micro(const uint8_t *w, size_t row_bytes, int64_t K, const flo
             wv[r] = load16f(w + (size_t)r * row_bytes, i, type, m);
         float_step(acc, wv, x, i, m, R, T);
     }
+}
+
+/*
+ * R weight rows times T tokens: R * T accumulators of 16 lanes, filled by one of the above, then
+ * each output's 16 lanes summed by one fixed tree. Every output's arithmetic is the same
+ * whatever R and T are, so results do not depend on the batch.
+ */
+INLINE void float_micro(const uint8_t *w, size_t row_bytes, int64_t K, const float *const *x,
+                        float *y, int64_t ldy, const enum cllm_dtype type, const int R, const int T,
+                        const bool fetch)
+{
+    __m512 acc[8][4];
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+    for (int t = 0; t < T; t++)
+        acc[r][t] = _mm512_setzero_ps();
+    if (type == CLLM_DTYPE_BF16)
+        bf16_pairs_micro(w, row_bytes, K, x, acc, R, T, fetch);
+    else
+        wide_micro(w, row_bytes, K, x, acc, type, R, T, fetch);
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
@@ -139,6 +196,7 @@ void cllm_matmul_kernels_add_avx512(struct cllm_matmul_kernels *k)
     k->dot_rows[CLLM_DTYPE_F32] = dot_f32;
     k->dot_rows[CLLM_DTYPE_F16] = dot_f16;
     k->dot_rows[CLLM_DTYPE_BF16] = dot_bf16;
+    k->to_pairs = to_pairs;
     k->attend = cllm_attend_avx512f;
     k->silu_mul = cllm_silu_mul_avx512f;
 }

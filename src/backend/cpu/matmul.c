@@ -1,7 +1,8 @@
 /*
  * The matmul driver: picks the kernel family at first use (detect, below), validates shapes,
  * quantizes the activations once per call into scratch (8 bits for quantized weights; BF16
- * for BF16 weights under the AVX-512 BF16 kernels), then hands out (token chunk, row range)
+ * for BF16 weights under the AVX-512 BF16 kernels, F32 even/odd pairs under the AVX-512 F
+ * ones), then hands out (token chunk, row range)
  * work items to the pool's threads. For each weight row of an item the kernel runs on tiles of
  * CLLM_MM_TILE tokens, so a weight block is decoded once per tile (GEMM, not repeated GEMV),
  * while the row range stays in cache across the tiles (float weights: one kernel call takes the
@@ -225,6 +226,7 @@ struct mm_job {
     cllm_dot_rows_fn dot_rows1; /* quantized weights, a lone token: a row chunk a call */
     cllm_quant_fn quant;
     cllm_to_bf16_fn to_bf16;    /* BF16 activations: a token's row a call */
+    cllm_to_pairs_fn to_pairs;  /* F32 pair rows: a token's row a call */
     const uint8_t *w;           /* [N][row_bytes] */
     size_t row_bytes;
     int64_t K, N, n_tokens;
@@ -239,7 +241,7 @@ struct mm_job {
      * is slowed (another process on its core), the others take over its share. Which thread
      * computes an output never changes its value. */
     atomic_llong next_quant; /* next quantization item: QUANT_ITEM_BLOCKS blocks of a token
-                              * (BF16: a whole token) */
+                              * (BF16 or F32 pairs: a whole token) */
     int64_t quant_per_token, quant_items;
     atomic_llong next_dot;      /* next (token chunk, row item) pair, token chunk major */
     int64_t row_item, row_items, dot_items;
@@ -259,6 +261,11 @@ static void quant_task(void *ctx, int ith, int nth)
         if (j->to_bf16) {
             j->to_bf16(j->x + i * j->K, j->K,
                        (uint16_t *)(void *)(j->act + (size_t)i * j->view.stride));
+            continue;
+        }
+        if (j->to_pairs) {
+            j->to_pairs(j->x + i * j->K, j->K,
+                        (float *)(void *)(j->act + (size_t)i * j->view.stride));
             continue;
         }
         const int64_t nbk = j->K / j->B;
@@ -393,10 +400,13 @@ static enum cllm_status matmul(struct cllm_threadpool *tp, const struct cllm_ten
             j.view.step = n_tokens == 1 ? 1 : CLLM_MM_TILE;
             j.B = cllm_act_block(kind);
             j.G = cllm_act_group(kind);
-        } else { /* BF16 rows, padded */
+        } else { /* BF16 or F32 pair rows, padded */
             j.view.stride = j.tile_bytes / CLLM_MM_TILE;
             j.view.step = 1;
-            j.to_bf16 = k->to_bf16;
+            if (kind == CLLM_ACT_BF16)
+                j.to_bf16 = k->to_bf16;
+            else
+                j.to_pairs = k->to_pairs;
         }
     }
     const size_t tile_bytes = j.act ? j.tile_bytes : CLLM_MM_TILE * j.view.stride;

@@ -31,11 +31,15 @@ enum cllm_act_kind {
     CLLM_ACT_Q8_0, /* legacy 32-blocks: B = G = 32 */
     CLLM_ACT_Q8_K, /* K-quants: B = 256, G = 16 */
     CLLM_ACT_BF16, /* BF16 weights under kernels with to_bf16 (below): rows of BF16 */
+    /* BF16 weights under kernels with to_pairs (below): F32 rows, each 32-element chunk's
+     * even elements, then its odd ones */
+    CLLM_ACT_F32_PAIRS,
     CLLM_ACT_KIND_COUNT
 };
 
 /* BF16 activation rows are zero-padded to a multiple of this many elements (dot_avx512.c's
- * step), so the kernels read whole vectors of them. */
+ * step), so the kernels read whole vectors of them; so are F32 pair rows, whose chunks are as
+ * long (dot_avx512f.c). */
 #define CLLM_BF16_ACT_ALIGN 32
 
 /* Which activation format a weight dtype is multiplied with by the kernels without to_bf16
@@ -110,6 +114,11 @@ typedef void (*cllm_dot_rows_fn)(const uint8_t *w, size_t row_bytes, int64_t nr,
  * padding zeros. */
 typedef void (*cllm_to_bf16_fn)(const float *x, int64_t K, uint16_t *out);
 
+/* x[0..K) as CLLM_ACT_F32_PAIRS: for each chunk c of CLLM_BF16_ACT_ALIGN elements,
+ * out[c + i] = x[c + 2i] and out[c + 16 + i] = x[c + 2i + 1] (i < 16), elements past K zero;
+ * out has K rounded up to CLLM_BF16_ACT_ALIGN elements. */
+typedef void (*cllm_to_pairs_fn)(const float *x, int64_t K, float *out);
+
 /* Quantizes nb consecutive blocks of x (nb * B floats) into qs[nb * B] and, for block b,
  * d[b * step] and sums[b * step * (B / G) + g] (step as in struct cllm_act_tile). Scalar and
  * AVX2 quantizers produce identical bytes. */
@@ -131,6 +140,8 @@ struct cllm_matmul_kernels {
      * A family that has one gets such matrices packed at load (cllm_cpu_matmul_packs). */
     cllm_dot_rows_fn dot_x16[CLLM_DTYPE_COUNT];
     cllm_to_bf16_fn to_bf16; /* NULL: every float weight takes F32 activations */
+    /* Where to_bf16 is NULL and this is not: dot_rows[BF16] reads F32 pair rows. */
+    cllm_to_pairs_fn to_pairs;
     /* The family's kernels beyond matmul (attend.h), chosen with it. */
     cllm_attend_fn attend;
     cllm_silu_mul_fn silu_mul;
@@ -140,7 +151,11 @@ struct cllm_matmul_kernels {
 static inline enum cllm_act_kind cllm_kernels_act_kind(const struct cllm_matmul_kernels *k,
                                                        enum cllm_dtype t)
 {
-    return t == CLLM_DTYPE_BF16 && k->to_bf16 ? CLLM_ACT_BF16 : cllm_act_kind_of(t);
+    if (t == CLLM_DTYPE_BF16 && k->to_bf16)
+        return CLLM_ACT_BF16;
+    if (t == CLLM_DTYPE_BF16 && k->to_pairs)
+        return CLLM_ACT_F32_PAIRS;
+    return cllm_act_kind_of(t);
 }
 
 /* A tile's pointers: token rows (slots past nt alias slot 0 so SIMD code may read them), and
@@ -239,16 +254,17 @@ void cllm_matmul_kernels_add_avx512bf16(struct cllm_matmul_kernels *k);
 #endif
 
 /* Bytes of one tile of quantized activations (a 64-byte multiple) and the offsets of d[] and
- * sums[] in it; false if K is not a positive multiple of the block size. BF16 activations: a
- * tile is CLLM_MM_TILE padded rows, with neither d[] nor sums[] (both offsets at its end). */
+ * sums[] in it; false if K is not a positive multiple of the block size. BF16 activations and
+ * F32 pairs: a tile is CLLM_MM_TILE padded rows, with neither d[] nor sums[] (both offsets at
+ * its end). */
 static inline bool cllm_act_tile_layout(enum cllm_act_kind k, int64_t K, size_t *tile_bytes,
                                         size_t *off_d, size_t *off_sums)
 {
-    if (k == CLLM_ACT_BF16) {
+    if (k == CLLM_ACT_BF16 || k == CLLM_ACT_F32_PAIRS) {
         if (K <= 0 || K > (int64_t)1 << 40)
             return false;
         const uint64_t row = ((uint64_t)K + CLLM_BF16_ACT_ALIGN - 1) / CLLM_BF16_ACT_ALIGN *
-                             CLLM_BF16_ACT_ALIGN * 2u;
+                             CLLM_BF16_ACT_ALIGN * (k == CLLM_ACT_BF16 ? 2u : 4u);
         *tile_bytes = *off_d = *off_sums = (size_t)(CLLM_MM_TILE * row);
         return true;
     }
