@@ -2,11 +2,11 @@
  * The matmul driver: picks the kernel family at first use (detect, below), validates shapes,
  * quantizes the activations once per call into scratch (8 bits for quantized weights; BF16
  * for BF16 weights under the AVX-512 BF16 kernels, F32 even/odd pairs under the AVX-512 F
- * ones), then hands out (token chunk, row range)
- * work items to the pool's threads. For each weight row of an item the kernel runs on tiles of
- * CLLM_MM_TILE tokens, so a weight block is decoded once per tile (GEMM, not repeated GEMV),
- * while the row range stays in cache across the tiles (float weights: one kernel call takes the
- * item's rows and all its tokens, and orders them itself). Every output element is computed by
+ * ones), then hands out (token chunk, row range) work items to the pool's threads. For each
+ * weight row of an item the kernel runs on tiles of CLLM_MM_TILE tokens, so a weight block is
+ * decoded once per tile (GEMM, not repeated GEMV), while the row range stays in cache across
+ * the tiles (float weights: one kernel call takes the item's rows and all its tokens, and
+ * orders them itself). Every output element is computed by
  * exactly one kernel call whose arithmetic for a token does not depend on the other tokens of
  * the tile, nor on which thread runs it, so results do not depend on the thread count or the
  * batch.
